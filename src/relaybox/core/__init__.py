@@ -1,0 +1,1 @@
+"""The I/O-free core: messages, identifiers, payload encoding, lifecycle, partitions."""

@@ -1,0 +1,26 @@
+"""The states an outbox row moves through (seed 000).
+
+    pending -> processing -> published
+    processing -> failed -> (backoff) -> processing ...
+    failed -> abandoned            (max attempts, or a permanent error)
+    processing -> pending          (released, or its lease expired)
+    abandoned -> pending           (operator replay)
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Status(enum.StrEnum):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    PUBLISHED = "published"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+
+
+#: States in which a row still has to be published; they hold back later rows of its key.
+LIVE_STATES = frozenset({Status.PENDING, Status.PROCESSING, Status.FAILED})
+#: States a row never leaves except by purge or replay.
+FINAL_STATES = frozenset({Status.PUBLISHED, Status.ABANDONED})

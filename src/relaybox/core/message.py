@@ -1,0 +1,163 @@
+"""The message a service writes, validated and encoded when it is created."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from relaybox.core.ids import uuid7
+from relaybox.core.payload import DEFAULT_MAX_PAYLOAD_BYTES, check_size, encode_payload
+from relaybox.errors import EmptyTopicError, InvalidHeadersError, MessageError
+
+DEFAULT_TARGET = "default"
+_TARGET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+_MAX_TOPIC = 255
+_MAX_KEY = 255
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Target:
+    """A broker a message goes to; an external one gets the stripped envelope (seed 000)."""
+
+    name: str
+    external: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _TARGET_NAME.fullmatch(self.name):
+            raise MessageError(
+                f"invalid target name {self.name!r}: use 1-64 letters, digits, '_', '.', '-'"
+            )
+
+
+TargetLike = str | Target
+
+
+def _as_target(value: TargetLike) -> Target:
+    return value if isinstance(value, Target) else Target(value)
+
+
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class Message:
+    """One message: written once, delivered to each of its targets.
+
+    `payload` may be JSON-able data (encoded as JSON), `bytes` or `str`; it is encoded
+    here, so a payload that cannot be sent fails at creation, not in the relay.
+    `type` defaults to the topic; `targets` to the outbox's default target.
+    """
+
+    __slots__ = (
+        "id", "topic", "payload", "key", "type", "content_type", "body", "headers",
+        "correlation_id", "causation_id", "tenant_id", "aggregate_id", "targets",
+        "delay_seconds", "occurred_at",
+    )
+
+    def __init__(  # noqa: PLR0913 - a message has this many fields
+        self,
+        *,
+        topic: str,
+        payload: Any = None,
+        key: str | None = None,
+        type: str | None = None,  # noqa: A002 - the CloudEvents name
+        content_type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        correlation_id: str | uuid.UUID | None = None,
+        causation_id: str | uuid.UUID | None = None,
+        tenant_id: str | None = None,
+        aggregate_id: str | uuid.UUID | None = None,
+        targets: Iterable[TargetLike] | TargetLike | None = None,
+        delay: datetime.timedelta | float | None = None,
+        id: uuid.UUID | None = None,  # noqa: A002 - the message id
+        occurred_at: datetime.datetime | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        if not isinstance(topic, str) or not topic.strip():
+            raise EmptyTopicError("a message needs a non-empty topic")
+        if len(topic) > _MAX_TOPIC:
+            raise MessageError(f"topic is longer than {_MAX_TOPIC} characters")
+        if key is not None and (not isinstance(key, str) or len(key) > _MAX_KEY):
+            raise MessageError(f"key must be a str of at most {_MAX_KEY} characters, or None")
+        self.body, self.content_type = encode_payload(payload, content_type)
+        check_size(self.body, max_payload_bytes)
+        self.id: uuid.UUID = id if id is not None else uuid7()
+        self.topic = topic
+        self.payload = payload
+        self.key = key
+        self.type: str = type or topic
+        self.headers = _checked_headers(headers)
+        self.correlation_id = _optional_str(correlation_id)
+        self.causation_id = _optional_str(causation_id)
+        self.tenant_id = _optional_str(tenant_id)
+        self.aggregate_id = _optional_str(aggregate_id)
+        self.targets: tuple[Target, ...] | None = (
+            None if targets is None else _checked_targets(targets)
+        )
+        self.delay_seconds = _delay_seconds(delay)
+        self.occurred_at = _aware(occurred_at) if occurred_at is not None else _utcnow()
+
+    def __repr__(self) -> str:
+        return (
+            f"Message(id={self.id}, topic={self.topic!r}, key={self.key!r}, "
+            f"type={self.type!r}, content_type={self.content_type!r}, {len(self.body)} bytes)"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Message) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+
+def _optional_str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _checked_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise InvalidHeadersError("headers must be a mapping of str to str")
+    for name, value in headers.items():
+        if not isinstance(name, str) or not name or not isinstance(value, str):
+            raise InvalidHeadersError(
+                f"header {name!r} must have a non-empty str name and a str value, "
+                f"got {type(value).__name__}"
+            )
+    return dict(headers)
+
+
+def _checked_targets(targets: Any) -> tuple[Target, ...]:
+    if isinstance(targets, str | Target):
+        targets = (targets,)
+    try:
+        resolved = tuple(_as_target(t) for t in targets)
+    except TypeError as exc:
+        raise MessageError("targets must be a target name, a Target, or several") from exc
+    if not resolved:
+        raise MessageError("a message needs at least one target")
+    if len({t.name for t in resolved}) != len(resolved):
+        raise MessageError("a message names the same target twice")
+    return resolved
+
+
+def _delay_seconds(delay: datetime.timedelta | float | None) -> float:
+    if delay is None:
+        return 0.0
+    seconds = delay.total_seconds() if isinstance(delay, datetime.timedelta) else float(delay)
+    if seconds < 0:
+        raise MessageError("delay must not be negative")
+    return seconds
+
+
+def _aware(moment: datetime.datetime) -> datetime.datetime:
+    if not isinstance(moment, datetime.datetime):
+        raise MessageError("occurred_at must be a datetime")
+    if moment.tzinfo is None:
+        raise MessageError("occurred_at must be timezone-aware (use datetime.UTC)")
+    return moment.astimezone(datetime.UTC)

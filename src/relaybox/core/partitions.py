@@ -1,0 +1,19 @@
+"""Stable partitioning of keys: the same key maps to the same partition in every process.
+
+Python's `hash()` is salted per process, so it is useless here; CRC-32 is stable,
+cheap and spreads short keys well enough for work distribution.
+"""
+
+from __future__ import annotations
+
+import uuid
+import zlib
+
+DEFAULT_PARTITIONS = 64
+
+
+def partition_for(key: str | None, message_id: uuid.UUID, partitions: int) -> int:
+    """The partition of a message: from its key, or from its id when it has no key."""
+    if key is None:
+        return (message_id.int & 0xFFFFFFFF) % partitions
+    return zlib.crc32(key.encode("utf-8")) % partitions

@@ -1,0 +1,64 @@
+"""Turning a payload into bytes plus a content type, once, at message creation."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import enum
+import json
+import uuid
+from typing import Any
+
+from relaybox.errors import PayloadNotSerializableError, PayloadTooLargeError
+
+JSON = "application/json"
+OCTET_STREAM = "application/octet-stream"
+TEXT = "text/plain; charset=utf-8"
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+def _json_default(value: Any) -> Any:
+    """What the stdlib encoder cannot do alone, for the types services actually send."""
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID | decimal.Decimal):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=repr)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    model_dump = getattr(value, "model_dump", None)  # pydantic v2
+    if callable(model_dump):
+        return model_dump(mode="json")
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def encode_payload(payload: Any, content_type: str | None) -> tuple[bytes, str]:
+    """Encode `payload`: bytes pass through, str becomes UTF-8, anything else JSON."""
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload), content_type or OCTET_STREAM
+    if isinstance(payload, str):
+        return payload.encode("utf-8"), content_type or TEXT
+    try:
+        body = json.dumps(
+            payload, default=_json_default, separators=(",", ":"), allow_nan=False
+        ).encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise PayloadNotSerializableError(
+            f"payload of type {type(payload).__name__} cannot be serialised to JSON: {exc}; "
+            "pass JSON-able data (dict, list, str, numbers, datetime, UUID, Decimal, "
+            "dataclasses, pydantic models), bytes or str"
+        ) from exc
+    return body, content_type or JSON
+
+
+def check_size(body: bytes, limit: int) -> None:
+    if len(body) > limit:
+        raise PayloadTooLargeError(
+            f"payload is {len(body)} bytes, over the limit of {limit} bytes; "
+            "store large data elsewhere and send a reference, or raise max_payload_bytes"
+        )

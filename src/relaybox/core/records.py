@@ -1,0 +1,150 @@
+"""Rows as the storage layer sees them: what the writer inserts and what a claim returns."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+
+from relaybox.core.lifecycle import Status
+from relaybox.core.message import DEFAULT_TARGET, Message, Target
+from relaybox.core.partitions import DEFAULT_PARTITIONS, partition_for
+from relaybox.errors import UnknownTargetError
+
+#: The columns the writer fills, in the order of `InsertRow`.
+INSERT_COLUMNS: tuple[str, ...] = (
+    "id", "target", "external", "topic", "key", "partition", "type", "content_type",
+    "payload", "headers", "correlation_id", "causation_id", "tenant_id", "aggregate_id",
+    "occurred_at", "delay_seconds",
+)  # fmt: skip
+
+InsertRow = tuple[
+    uuid.UUID, str, bool, str, "str | None", int, str, str, bytes, str,
+    "str | None", "str | None", "str | None", "str | None", datetime.datetime, float,
+]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Routing:
+    """Which targets exist, which is the default, and how keys map to partitions."""
+
+    targets: Mapping[str, Target] = dataclasses.field(
+        default_factory=lambda: {DEFAULT_TARGET: Target(DEFAULT_TARGET)}
+    )
+    default_targets: tuple[str, ...] = (DEFAULT_TARGET,)
+    partitions: int = DEFAULT_PARTITIONS
+
+    @classmethod
+    def of(
+        cls,
+        targets: Iterable[str | Target] | None,
+        default_targets: Iterable[str] | None,
+        partitions: int,
+    ) -> Routing:
+        known = [t if isinstance(t, Target) else Target(t) for t in (targets or [DEFAULT_TARGET])]
+        by_name = {t.name: t for t in known}
+        defaults = tuple(default_targets) if default_targets is not None else (known[0].name,)
+        for name in defaults:
+            if name not in by_name:
+                raise UnknownTargetError(f"default target {name!r} is not a known target")
+        if partitions < 1:
+            raise ValueError("partitions must be at least 1")
+        return cls(by_name, defaults, partitions)
+
+    def resolve(self, message: Message) -> tuple[Target, ...]:
+        if message.targets is None:
+            return tuple(self.targets[name] for name in self.default_targets)
+        resolved = []
+        for target in message.targets:
+            known = self.targets.get(target.name)
+            if known is None:
+                raise UnknownTargetError(
+                    f"message {message.id} names target {target.name!r}; known targets: "
+                    f"{', '.join(sorted(self.targets))}"
+                )
+            resolved.append(Target(known.name, known.external or target.external))
+        return tuple(resolved)
+
+    def rows(self, messages: Iterable[Message]) -> list[InsertRow]:
+        """One row per (message, target); raises before returning if any message is bad."""
+        rows: list[InsertRow] = []
+        for message in messages:
+            if not isinstance(message, Message):
+                raise TypeError(f"expected relaybox.Message, got {type(message).__name__}")
+            partition = partition_for(message.key, message.id, self.partitions)
+            headers = json.dumps(message.headers, separators=(",", ":"))
+            for target in self.resolve(message):
+                rows.append((
+                    message.id, target.name, target.external, message.topic, message.key,
+                    partition, message.type, message.content_type or "", message.body,
+                    headers, message.correlation_id, message.causation_id, message.tenant_id,
+                    message.aggregate_id, message.occurred_at, message.delay_seconds,
+                ))  # fmt: skip
+        return rows
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A row read back from the outbox, as a claim hands it to the relay."""
+
+    seq: int
+    id: uuid.UUID
+    target: str
+    external: bool
+    topic: str
+    key: str | None
+    partition: int
+    type: str
+    content_type: str
+    payload: bytes
+    headers: Mapping[str, str]
+    correlation_id: str | None
+    causation_id: str | None
+    tenant_id: str | None
+    aggregate_id: str | None
+    occurred_at: datetime.datetime
+    created_at: datetime.datetime
+    attempts: int
+    status: Status = Status.PROCESSING
+    last_error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Claim:
+    """Rows leased to one worker; marks must present `token`, or they change nothing."""
+
+    token: str
+    worker: str
+    messages: Sequence[StoredMessage]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed publish: the error to record and when the row may be tried again."""
+
+    seq: int
+    error: str
+    retry_in: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutboxStats:
+    """The operational signals of seed 000, plus the oldest pending age and leases."""
+
+    counts: Mapping[Status, int]
+    oldest_pending_age: float | None
+    active_leases: int
+
+    @property
+    def pending(self) -> int:
+        return self.counts.get(Status.PENDING, 0)
+
+    @property
+    def failed(self) -> int:
+        return self.counts.get(Status.FAILED, 0)
+
+    @property
+    def abandoned(self) -> int:
+        return self.counts.get(Status.ABANDONED, 0)

@@ -1,0 +1,87 @@
+"""relaybox's exceptions: one root, a branch per concern.
+
+    RelayboxError
+    +-- ConfigurationError            bad settings, URL or table name
+    |   +-- InvalidTableNameError
+    +-- MessageError                  a message that cannot be written
+    |   +-- EmptyTopicError
+    |   +-- PayloadNotSerializableError
+    |   +-- PayloadTooLargeError
+    |   +-- InvalidHeadersError
+    |   +-- UnknownTargetError
+    +-- StorageError                  the database said no
+    |   +-- UnsupportedConnectionError
+    |   +-- StorageOperationalError   connection lost, timeout, deadlock: retry
+    |   +-- StorageIntegrityError     a constraint was violated: do not retry
+    |   +-- SchemaError               tables missing or newer than this relaybox
+    +-- MigrationError
+
+Each class's docstring is its default message. Adapters translate their driver's
+exceptions into the storage branch, so one retry rule works on every database
+(the PEP 249 split that eventsourcing uses).
+"""
+
+from __future__ import annotations
+
+
+class RelayboxError(Exception):
+    """relaybox failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigurationError(RelayboxError):
+    """relaybox is configured wrongly."""
+
+
+class InvalidTableNameError(ConfigurationError):
+    """The table name is not a plain SQL identifier."""
+
+
+class MessageError(RelayboxError):
+    """The message cannot be written to the outbox; nothing was written."""
+
+
+class EmptyTopicError(MessageError):
+    """A message needs a non-empty topic."""
+
+
+class PayloadNotSerializableError(MessageError):
+    """The payload cannot be serialised to JSON; pass JSON-able data, bytes or str."""
+
+
+class PayloadTooLargeError(MessageError):
+    """The encoded payload is larger than the configured limit."""
+
+
+class InvalidHeadersError(MessageError):
+    """Headers must map str names to str values."""
+
+
+class UnknownTargetError(MessageError):
+    """The message names a target that this outbox does not know."""
+
+
+class StorageError(RelayboxError):
+    """The outbox storage failed."""
+
+
+class UnsupportedConnectionError(StorageError):
+    """relaybox does not know how to write through this kind of connection."""
+
+
+class StorageOperationalError(StorageError):
+    """The database could not run the operation (connection, timeout, deadlock); retry."""
+
+
+class StorageIntegrityError(StorageError):
+    """The database rejected the write for a constraint; retrying will not help."""
+
+
+class SchemaError(StorageError):
+    """The outbox tables are missing or were made by a newer relaybox; run `relaybox migrate`."""
+
+
+class MigrationError(RelayboxError):
+    """A schema migration failed; the database keeps the last version that succeeded."""

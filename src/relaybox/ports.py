@@ -1,0 +1,76 @@
+"""The seams between relaybox's core and the outside world.
+
+The relay engine talks to storage only through `OutboxStorage`; it never imports a
+database driver. Every backend, the in-memory one included, passes one conformance
+suite (tests/conformance).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from relaybox.core.records import Claim, Failure, InsertRow, OutboxStats
+
+
+@runtime_checkable
+class OutboxStorage(Protocol):
+    """What the relay needs from an outbox table. All times use the database's clock."""
+
+    table: str
+
+    async def write(self, rows: Sequence[InsertRow]) -> None:
+        """Insert rows in a transaction of the storage's own (tests, tools, demos)."""
+
+    async def claim(
+        self,
+        worker: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        partitions: Sequence[int] | None = None,
+        targets: Sequence[str] | None = None,
+    ) -> Claim:
+        """Lease up to `limit` due rows, oldest first, keeping per-(target, key) order.
+
+        A row is handed out only if no earlier row of its (target, key) is still live
+        outside this claim, so two workers can never publish one key out of order.
+        """
+
+    async def mark_published(
+        self, token: str, seqs: Sequence[int], *, delete: bool = False
+    ) -> int:
+        """Record success for rows still held under `token`; others are left alone."""
+
+    async def mark_failed(self, token: str, failures: Sequence[Failure]) -> int:
+        """Count a failed attempt and make each row due again after its `retry_in`."""
+
+    async def abandon(self, token: str, failures: Sequence[Failure]) -> int:
+        """Give up on rows (max attempts or a permanent error), keeping the error."""
+
+    async def release(self, token: str, seqs: Sequence[int]) -> int:
+        """Hand rows back as pending without counting an attempt (shutdown, open circuit)."""
+
+    async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
+        """Extend the lease of rows still held under `token`."""
+
+    async def recover_expired(self) -> int:
+        """Return rows whose lease has run out to pending."""
+
+    async def purge(
+        self,
+        *,
+        published_older_than: float,
+        abandoned_older_than: float,
+        batch_size: int = 500,
+    ) -> int:
+        """Delete finished rows past their retention, in batches of `batch_size`."""
+
+    async def replay(self, seqs: Sequence[int]) -> int:
+        """Operator replay: abandoned rows become pending with a fresh attempt count."""
+
+    async def stats(self) -> OutboxStats:
+        """Counts by status, the age of the oldest due row, and active leases."""
+
+    async def close(self) -> None:
+        """Release connections the storage opened itself."""

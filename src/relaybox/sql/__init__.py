@@ -1,0 +1,69 @@
+"""SQL text per dialect, kept in .sql files: schema, versioned migrations, named queries.
+
+Only the table name is ever put into SQL text, after `validate_table_name` has checked
+it; every value travels as a bound parameter.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+from typing import Literal
+
+from relaybox.core.identifiers import index_prefix, validate_table_name
+
+Dialect = Literal["postgresql", "mysql", "sqlite"]
+DIALECTS: tuple[Dialect, ...] = ("postgresql", "mysql", "sqlite")
+
+_QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_MIGRATION_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+
+
+def _read(dialect: Dialect, *parts: str) -> str:
+    resource = importlib.resources.files(__package__).joinpath(dialect, *parts)
+    return resource.read_text(encoding="utf-8")
+
+
+def render(sql: str, table: str) -> str:
+    """Put the (validated) table name and its derived prefix into SQL text."""
+    table = validate_table_name(table)
+    return sql.replace("{table}", table).replace("{prefix}", index_prefix(table))
+
+
+@functools.cache
+def _raw_queries(dialect: Dialect) -> dict[str, str]:
+    text = _read(dialect, "queries.sql")
+    names = _QUERY_HEADER.findall(text)
+    bodies = _QUERY_HEADER.split(text)[2::2]
+    return {name: body.strip().rstrip(";") for name, body in zip(names, bodies, strict=True)}
+
+
+@functools.cache
+def queries(dialect: Dialect, table: str) -> dict[str, str]:
+    """The named queries of `dialect`, rendered for `table`."""
+    return {name: render(sql, table) for name, sql in _raw_queries(dialect).items()}
+
+
+def schema(dialect: Dialect, table: str) -> str:
+    """The full, current DDL for `dialect`: what all migrations together produce."""
+    return render(_read(dialect, "schema.sql"), table)
+
+
+def migrations(dialect: Dialect, table: str) -> list[tuple[int, str, str]]:
+    """(version, name, rendered SQL) for every migration of `dialect`, in order."""
+    folder = importlib.resources.files(__package__).joinpath(dialect, "migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = _MIGRATION_FILE.match(entry.name)
+        if match:
+            found.append((int(match[1]), match[2], render(entry.read_text("utf-8"), table)))
+    return sorted(found)
+
+
+def statements(script: str) -> list[str]:
+    """Split a DDL script on `;` at line ends; relaybox's DDL has no procedural bodies."""
+    without_comments = "\n".join(
+        line for line in script.splitlines() if not line.lstrip().startswith("--")
+    )
+    return [s.strip() for s in re.split(r";\s*$", without_comments, flags=re.M) if s.strip()]

@@ -1,0 +1,79 @@
+"""Adapting SQL text and row values to a dialect and a driver's parameter style.
+
+relaybox's .sql files use each dialect's native style: `$n` for PostgreSQL, `%s` for
+MySQL, `?` for SQLite. A writer joining the caller's connection must speak that
+driver's style instead (psycopg wants `%s`, Django's SQLite wrapper `%s`, SQLAlchemy's
+asyncpg dialect `$n`), so the text is re-rendered once per style and cached.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import re
+from typing import Any, Literal
+
+from relaybox.core.records import InsertRow
+
+ParamStyle = Literal["numeric_dollar", "format", "pyformat", "qmark"]
+
+_NATIVE_STYLE: dict[str, ParamStyle] = {
+    "postgresql": "numeric_dollar",
+    "mysql": "format",
+    "sqlite": "qmark",
+}
+_PLACEHOLDER: dict[ParamStyle, re.Pattern[str]] = {
+    "numeric_dollar": re.compile(r"\$(\d+)"),
+    "format": re.compile(r"%s"),
+    "pyformat": re.compile(r"%s"),
+    "qmark": re.compile(r"\?"),
+}
+
+
+def native_style(dialect: str) -> ParamStyle:
+    return _NATIVE_STYLE[dialect]
+
+
+@functools.lru_cache(maxsize=256)
+def restyle(query: str, source: ParamStyle, target: ParamStyle) -> str:
+    """Re-render `query`'s positional placeholders (in order of appearance) for `target`."""
+    if source == target:
+        return query
+    pieces = _PLACEHOLDER[source].split(query)
+    if source == "numeric_dollar":  # split keeps the captured numbers: check they run 1..n
+        texts, numbers = pieces[0::2], pieces[1::2]
+        if numbers != [str(i) for i in range(1, len(numbers) + 1)]:
+            raise ValueError("restyle needs $1..$n in order of appearance")
+    else:
+        texts = pieces
+    if source in ("format", "pyformat"):
+        texts = [text.replace("%%", "%") for text in texts]
+    if target in ("format", "pyformat"):
+        texts = [text.replace("%", "%%") for text in texts]
+    out = [texts[0]]
+    for index, text in enumerate(texts[1:], start=1):
+        out.append(f"${index}" if target == "numeric_dollar" else "?" if target == "qmark" else "%s")
+        out.append(text)
+    return "".join(out)
+
+
+def row_params(dialect: str, row: InsertRow) -> tuple[Any, ...]:
+    """The values of one insert row as `dialect`'s queries.sql `insert_one` expects them.
+
+    PostgreSQL takes native types. MySQL takes the id as text, the flag as an integer,
+    a naive UTC datetime and the delay in microseconds; SQLite takes text timestamps
+    ('YYYY-MM-DD HH:MM:SS.ffffff', UTC) and the delay in seconds.
+    """
+    if dialect == "postgresql":
+        return row
+    (id_, target, external, topic, key, partition, type_, content_type, payload, headers,
+     correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, delay) = row  # fmt: skip
+    utc = occurred_at.astimezone(datetime.UTC).replace(tzinfo=None)
+    occurred: Any
+    if dialect == "mysql":
+        occurred, delay_param = utc, round(delay * 1_000_000)
+    else:
+        occurred, delay_param = utc.strftime("%Y-%m-%d %H:%M:%S.%f"), float(delay)
+    return (str(id_), target, int(external), topic, key, partition, type_, content_type,
+            payload, headers, correlation_id, causation_id, tenant_id, aggregate_id,
+            occurred, delay_param)  # fmt: skip

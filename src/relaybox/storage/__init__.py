@@ -1,0 +1,30 @@
+"""Storage backends behind `relaybox.ports.OutboxStorage`, chosen by database URL."""
+
+from __future__ import annotations
+
+from relaybox.core.identifiers import DEFAULT_TABLE
+from relaybox.errors import ConfigurationError
+from relaybox.ports import OutboxStorage
+from relaybox.storage.urls import DatabaseUrl
+
+
+async def open_storage(url: str, *, table: str = DEFAULT_TABLE) -> OutboxStorage:
+    """Connect to the outbox at `url`: postgresql://, mysql://, sqlite:///path, memory://."""
+    parsed = DatabaseUrl.parse(url)
+    if parsed.dialect == "postgresql":
+        from relaybox.storage.postgres import PostgresStorage
+
+        return await PostgresStorage.connect(parsed, table=table)
+    if parsed.dialect == "mysql":
+        from relaybox.storage.mysql import MySQLStorage
+
+        return await MySQLStorage.connect(parsed, table=table)
+    if parsed.dialect == "sqlite":
+        from relaybox.storage.sqlite import SQLiteStorage
+
+        return await SQLiteStorage.connect(parsed, table=table)
+    if parsed.dialect == "memory":
+        from relaybox.storage.memory import MemoryStorage
+
+        return MemoryStorage(table=table)
+    raise ConfigurationError(f"no storage for {parsed.masked}")  # pragma: no cover

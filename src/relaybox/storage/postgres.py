@@ -1,0 +1,219 @@
+"""PostgreSQL storage for the relay, over asyncpg (default) or psycopg 3.
+
+Both drivers run the same `$n` SQL from sql/postgresql/queries.sql (psycopg through its
+raw cursor). asyncpg is the default because it drained faster in the measurement
+recorded in docs/benchmarks.md; psycopg is there for services that only ship psycopg.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from relaybox import sql
+from relaybox.core.identifiers import DEFAULT_TABLE
+from relaybox.core.lifecycle import Status
+from relaybox.core.records import Claim, Failure, InsertRow, OutboxStats
+from relaybox.errors import StorageError, StorageIntegrityError, StorageOperationalError
+from relaybox.storage.rows import by_seq
+from relaybox.storage.urls import DatabaseUrl
+
+
+class _Driver(Protocol):
+    async def fetch(self, query: str, args: Sequence[Any]) -> list[Sequence[Any]]: ...
+    async def execute(self, query: str, args: Sequence[Any]) -> int: ...
+    async def close(self) -> None: ...
+
+
+class _AsyncpgDriver:
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+
+    @classmethod
+    async def connect(cls, dsn: str) -> _AsyncpgDriver:
+        import asyncpg
+
+        return cls(await asyncpg.connect(dsn))
+
+    async def fetch(self, query: str, args: Sequence[Any]) -> list[Sequence[Any]]:
+        return list(await self._connection.fetch(query, *args))
+
+    async def execute(self, query: str, args: Sequence[Any]) -> int:
+        status: str = await self._connection.execute(query, *args)
+        return int(status.rsplit(" ", 1)[-1]) if status[-1].isdigit() else 0
+
+    async def close(self) -> None:
+        await self._connection.close()
+
+
+class _PsycopgDriver:
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+
+    @classmethod
+    async def connect(cls, dsn: str) -> _PsycopgDriver:
+        import psycopg
+
+        connection = await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, cursor_factory=psycopg.AsyncRawCursor
+        )
+        return cls(connection)
+
+    async def fetch(self, query: str, args: Sequence[Any]) -> list[Sequence[Any]]:
+        async with self._connection.cursor() as cursor:
+            await cursor.execute(query, args)
+            return list(await cursor.fetchall())
+
+    async def execute(self, query: str, args: Sequence[Any]) -> int:
+        async with self._connection.cursor() as cursor:
+            await cursor.execute(query, args)
+            return int(cursor.rowcount)
+
+    async def close(self) -> None:
+        await self._connection.close()
+
+
+def translate(exc: BaseException) -> StorageError:
+    """Map asyncpg/psycopg errors onto relaybox's storage branch."""
+    name = type(exc).__name__
+    module = type(exc).__module__
+    text = f"PostgreSQL: {exc}"
+    integrity = ("IntegrityError", "IntegrityConstraintViolationError", "UniqueViolationError",
+                 "ForeignKeyViolationError", "NotNullViolationError", "CheckViolationError")  # fmt: skip
+    if name in integrity:
+        return StorageIntegrityError(text)
+    if isinstance(exc, OSError | asyncio.TimeoutError | ConnectionError):
+        return StorageOperationalError(text)
+    if module.startswith("psycopg") and name in ("OperationalError", "InterfaceError"):
+        return StorageOperationalError(text)
+    if module.startswith("asyncpg") and (
+        "Connection" in name or name in ("InterfaceError", "DeadlockDetectedError",
+                                         "SerializationError", "CannotConnectNowError",
+                                         "AdminShutdownError", "QueryCanceledError")
+    ):  # fmt: skip
+        return StorageOperationalError(text)
+    return StorageError(text)
+
+
+class PostgresStorage:
+    """The outbox table on PostgreSQL, through one connection the storage owns."""
+
+    dialect = "postgresql"
+
+    def __init__(self, url: DatabaseUrl, *, table: str = DEFAULT_TABLE) -> None:
+        self.table = table
+        self._url = url
+        self._queries = sql.queries("postgresql", table)
+        self._driver: _Driver | None = None
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def connect(cls, url: DatabaseUrl | str, *, table: str = DEFAULT_TABLE) -> PostgresStorage:
+        storage = cls(DatabaseUrl.parse(url) if isinstance(url, str) else url, table=table)
+        async with storage._lock:
+            await storage._connected()
+        return storage
+
+    async def _connected(self) -> _Driver:
+        if self._driver is None:
+            driver_class = _PsycopgDriver if self._url.driver == "psycopg" else _AsyncpgDriver
+            try:
+                self._driver = await driver_class.connect(self._url.libpq_dsn())
+            except Exception as exc:
+                raise translate(exc) from exc
+        return self._driver
+
+    async def _run(self, name: str, args: Sequence[Any], *, rows: bool) -> Any:
+        async with self._lock:
+            driver = await self._connected()
+            try:
+                if rows:
+                    return await driver.fetch(self._queries[name], args)
+                return await driver.execute(self._queries[name], args)
+            except Exception as exc:
+                error = translate(exc)
+                if isinstance(error, StorageOperationalError):
+                    await self._drop()
+                raise error from exc
+
+    async def _drop(self) -> None:
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            try:
+                await driver.close()
+            except Exception:  # noqa: BLE001 - the connection is already broken
+                pass
+
+    async def write(self, rows: Sequence[InsertRow]) -> None:
+        if rows:
+            columns = [list(column) for column in zip(*rows, strict=True)]
+            await self._run("insert_many", columns, rows=False)
+
+    async def claim(
+        self,
+        worker: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        partitions: Sequence[int] | None = None,
+        targets: Sequence[str] | None = None,
+    ) -> Claim:
+        token = uuid.uuid4()
+        args = [worker, limit, _list(partitions), _list(targets), token, float(lease_seconds)]
+        found = await self._run("claim", args, rows=True)
+        return Claim(token=str(token), worker=worker, messages=by_seq(found))
+
+    async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
+        name = "delete_published" if delete else "mark_published"
+        return int(await self._run(name, [list(seqs), uuid.UUID(token)], rows=False))
+
+    async def mark_failed(self, token: str, failures: Sequence[Failure]) -> int:
+        args = [[f.seq for f in failures], [f.error for f in failures],
+                [float(f.retry_in) for f in failures], uuid.UUID(token)]  # fmt: skip
+        return int(await self._run("mark_failed", args, rows=False))
+
+    async def abandon(self, token: str, failures: Sequence[Failure]) -> int:
+        args = [[f.seq for f in failures], [f.error for f in failures], uuid.UUID(token)]
+        return int(await self._run("abandon", args, rows=False))
+
+    async def release(self, token: str, seqs: Sequence[int]) -> int:
+        return int(await self._run("release", [list(seqs), uuid.UUID(token)], rows=False))
+
+    async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
+        args = [list(seqs), uuid.UUID(token), float(lease_seconds)]
+        return int(await self._run("renew", args, rows=False))
+
+    async def recover_expired(self) -> int:
+        return int(await self._run("recover_expired", [], rows=False))
+
+    async def purge(
+        self, *, published_older_than: float, abandoned_older_than: float, batch_size: int = 500
+    ) -> int:
+        total = 0
+        for name, age in (("purge_published", published_older_than),
+                          ("purge_abandoned", abandoned_older_than)):  # fmt: skip
+            while True:
+                deleted = int(await self._run(name, [float(age), batch_size], rows=False))
+                total += deleted
+                if deleted < batch_size:
+                    break
+        return total
+
+    async def replay(self, seqs: Sequence[int]) -> int:
+        return int(await self._run("replay", [list(seqs)], rows=False))
+
+    async def stats(self) -> OutboxStats:
+        counts = {Status(status): int(n) for status, n in await self._run("count_by_status", [], rows=True)}
+        (age,), = await self._run("oldest_pending_age", [], rows=True)
+        (leases,), = await self._run("active_leases", [], rows=True)
+        return OutboxStats(counts=counts, oldest_pending_age=age, active_leases=int(leases))
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._drop()
+
+
+def _list(values: Sequence[Any] | None) -> list[Any] | None:
+    return None if values is None else list(values)

@@ -1,0 +1,58 @@
+"""One storage conformance suite, run against every backend (pgqueuer/eventsourcing style)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Awaitable
+from pathlib import Path
+
+import pytest
+
+from relaybox.ports import OutboxStorage
+from relaybox.storage import open_storage
+from tests.databases import MYSQL_URL, PG_URL, create, drop, sqlite_url, unique_table
+
+BACKENDS = ["postgresql", "postgresql+psycopg", "mysql", "sqlite", "memory"]
+
+
+@dataclasses.dataclass
+class Backend:
+    name: str
+    storage: OutboxStorage
+    another: Callable[[], Awaitable[OutboxStorage]]
+
+
+def _url(name: str, tmp_path: Path) -> str:
+    if name == "postgresql":
+        return PG_URL
+    if name == "postgresql+psycopg":
+        return PG_URL.replace("postgresql://", "postgresql+psycopg://")
+    if name == "mysql":
+        return MYSQL_URL
+    if name == "sqlite":
+        return sqlite_url(tmp_path / "outbox.db")
+    return "memory://"
+
+
+@pytest.fixture(params=BACKENDS)
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    name: str = request.param
+    url = _url(name, tmp_path)
+    table = unique_table("conf")
+    await create(url, table)
+    storage = await open_storage(url, table=table)
+    opened = [storage]
+
+    async def another() -> OutboxStorage:
+        if name == "memory":  # one process, one store: share it
+            return storage
+        extra = await open_storage(url, table=table)
+        opened.append(extra)
+        return extra
+
+    try:
+        yield Backend(name, storage, another)
+    finally:
+        for each in opened:
+            await each.close()
+        drop(url, table)

@@ -1,0 +1,266 @@
+"""What every OutboxStorage must do; the relay relies on nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import uuid
+
+from relaybox import Message
+from relaybox.core.lifecycle import Status
+from relaybox.core.message import Target
+from relaybox.core.records import Failure, Routing
+from tests.conformance.conftest import Backend
+
+ROUTING = Routing.of(["default", "partner"], ["default"], 64)
+LEASE = 30.0
+
+
+async def write(backend: Backend, *messages: Message) -> None:
+    await backend.storage.write(ROUTING.rows(messages))
+
+
+def msg(key: str | None = None, **fields: object) -> Message:
+    return Message(topic=str(fields.pop("topic", "orders")), key=key, payload=fields.pop("payload", {"n": 1}), **fields)  # type: ignore[arg-type]
+
+
+async def test_write_then_claim_round_trips_every_field(backend: Backend) -> None:
+    occurred = datetime.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.UTC)
+    original = Message(
+        topic="orders", key="order-1", type="OrderPlaced", payload={"total": 12.5, "items": [1, 2]},
+        headers={"x-origin": "test"}, correlation_id="corr-1", causation_id="cause-1",
+        tenant_id="tenant-a", aggregate_id="agg-9", occurred_at=occurred,
+        targets=["default", Target("partner", external=True)],
+    )
+    await write(backend, original)
+    claim = await backend.storage.claim("w1", limit=10, lease_seconds=LEASE)
+    assert [m.target for m in claim.messages] == ["default", "partner"]
+    first, second = claim.messages
+    assert first.seq < second.seq
+    assert first.id == second.id == original.id
+    assert (first.external, second.external) == (False, True)
+    assert first.topic == "orders" and first.key == "order-1" and first.type == "OrderPlaced"
+    assert first.payload == original.body and first.content_type == "application/json"
+    assert dict(first.headers) == {"x-origin": "test"}
+    assert (first.correlation_id, first.causation_id) == ("corr-1", "cause-1")
+    assert (first.tenant_id, first.aggregate_id) == ("tenant-a", "agg-9")
+    assert first.occurred_at == occurred
+    assert first.attempts == 0
+    assert first.partition == second.partition
+    assert claim.token and claim.worker == "w1"
+
+
+async def test_bytes_and_text_payloads_keep_their_content_type(backend: Backend) -> None:
+    await write(backend, msg(payload=b"\x00\xffraw"), msg(payload="héllo"))
+    claim = await backend.storage.claim("w1", limit=10, lease_seconds=LEASE)
+    assert [(m.payload, m.content_type) for m in claim.messages] == [
+        (b"\x00\xffraw", "application/octet-stream"),
+        ("héllo".encode(), "text/plain; charset=utf-8"),
+    ]
+
+
+async def test_claim_respects_limit_and_never_hands_out_a_leased_row(backend: Backend) -> None:
+    await write(backend, *[msg() for _ in range(5)])
+    first = await backend.storage.claim("w1", limit=3, lease_seconds=LEASE)
+    second = await backend.storage.claim("w2", limit=10, lease_seconds=LEASE)
+    third = await backend.storage.claim("w3", limit=10, lease_seconds=LEASE)
+    assert len(first.messages) == 3 and len(second.messages) == 2 and not third.messages
+    assert {m.seq for m in first.messages}.isdisjoint(m.seq for m in second.messages)
+    assert first.token != second.token
+
+
+async def test_mark_published_keeps_or_deletes_and_is_fenced_by_token(backend: Backend) -> None:
+    await write(backend, msg(), msg())
+    claim = await backend.storage.claim("w1", limit=10, lease_seconds=LEASE)
+    kept, deleted = (m.seq for m in claim.messages)
+    assert await backend.storage.mark_published(str(uuid.uuid4()), [kept, deleted]) == 0
+    assert await backend.storage.mark_published(claim.token, [kept]) == 1
+    assert await backend.storage.mark_published(claim.token, [deleted], delete=True) == 1
+    assert await backend.storage.mark_published(claim.token, [kept]) == 0  # already done
+    stats = await backend.storage.stats()
+    assert stats.counts.get(Status.PUBLISHED) == 1
+    assert stats.pending == 0 and sum(stats.counts.values()) == 1
+
+
+async def test_failed_row_counts_an_attempt_and_waits_for_its_backoff(backend: Backend) -> None:
+    await write(backend, msg())
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
+    (row,) = claim.messages
+    assert await backend.storage.mark_failed(claim.token, [Failure(row.seq, "broker down", 0.6)]) == 1
+    assert not (await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)).messages
+    stats = await backend.storage.stats()
+    assert stats.failed == 1
+    await asyncio.sleep(0.9)
+    again = await backend.storage.claim("w2", limit=1, lease_seconds=LEASE)
+    assert [m.seq for m in again.messages] == [row.seq]
+    assert again.messages[0].attempts == 1
+
+
+async def test_abandon_keeps_the_error_and_replay_makes_it_pending(backend: Backend) -> None:
+    await write(backend, msg(key="k"), msg(key="k"))
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
+    (row,) = claim.messages
+    assert await backend.storage.abandon(claim.token, [Failure(row.seq, "unroutable")]) == 1
+    stats = await backend.storage.stats()
+    assert stats.abandoned == 1
+    # An abandoned row no longer holds back its key.
+    nxt = await backend.storage.claim("w1", limit=5, lease_seconds=LEASE)
+    assert [m.seq for m in nxt.messages] == [row.seq + 1]
+    await backend.storage.mark_published(nxt.token, [row.seq + 1])
+    assert await backend.storage.replay([row.seq]) == 1
+    replayed = await backend.storage.claim("w2", limit=5, lease_seconds=LEASE)
+    assert [(m.seq, m.attempts) for m in replayed.messages] == [(row.seq, 0)]
+
+
+async def test_release_returns_rows_without_an_attempt(backend: Backend) -> None:
+    await write(backend, msg())
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
+    assert await backend.storage.release(claim.token, [m.seq for m in claim.messages]) == 1
+    again = await backend.storage.claim("w2", limit=1, lease_seconds=LEASE)
+    assert [m.attempts for m in again.messages] == [0]
+
+
+async def test_expired_lease_is_taken_over_and_the_stale_mark_is_ignored(backend: Backend) -> None:
+    await write(backend, msg())
+    stale = await backend.storage.claim("w1", limit=1, lease_seconds=0.3)
+    other = await backend.another()
+    assert not (await other.claim("w2", limit=1, lease_seconds=LEASE)).messages
+    await asyncio.sleep(0.6)
+    fresh = await other.claim("w2", limit=1, lease_seconds=LEASE)
+    assert [m.seq for m in fresh.messages] == [m.seq for m in stale.messages]
+    seqs = [m.seq for m in stale.messages]
+    assert await backend.storage.mark_published(stale.token, seqs) == 0
+    assert await backend.storage.mark_failed(stale.token, [Failure(seqs[0], "late")]) == 0
+    assert await backend.storage.release(stale.token, seqs) == 0
+    assert await other.mark_published(fresh.token, seqs) == 1
+
+
+async def test_recover_expired_returns_rows_to_pending(backend: Backend) -> None:
+    await write(backend, msg(), msg())
+    await backend.storage.claim("w1", limit=2, lease_seconds=0.2)
+    await asyncio.sleep(0.5)
+    assert await backend.storage.recover_expired() == 2
+    assert (await backend.storage.stats()).pending == 2
+
+
+async def test_renew_extends_the_lease(backend: Backend) -> None:
+    await write(backend, msg())
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=0.4)
+    seqs = [m.seq for m in claim.messages]
+    assert await backend.storage.renew(claim.token, seqs, LEASE) == 1
+    await asyncio.sleep(0.7)
+    other = await backend.another()
+    assert not (await other.claim("w2", limit=1, lease_seconds=LEASE)).messages
+    assert await backend.storage.renew(str(uuid.uuid4()), seqs, LEASE) == 0
+
+
+async def test_a_key_held_by_one_worker_is_not_handed_to_another(backend: Backend) -> None:
+    await write(backend, msg("k1"), msg("k1"), msg("k2"), msg(None))
+    first = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
+    assert [m.key for m in first.messages] == ["k1"]
+    other = await backend.another()
+    second = await other.claim("w2", limit=10, lease_seconds=LEASE)
+    assert [m.key for m in second.messages] == ["k2", None]  # k1's second row waits
+    await backend.storage.mark_published(first.token, [first.messages[0].seq])
+    third = await other.claim("w2", limit=10, lease_seconds=LEASE)
+    assert [m.key for m in third.messages] == ["k1"]
+    assert third.messages[0].seq > first.messages[0].seq
+
+
+async def test_one_claim_takes_a_key_run_in_order(backend: Backend) -> None:
+    await write(backend, msg("k"), msg("k"), msg("k"))
+    claim = await backend.storage.claim("w1", limit=10, lease_seconds=LEASE)
+    seqs = [m.seq for m in claim.messages]
+    assert len(seqs) == 3 and seqs == sorted(seqs)
+
+
+async def test_a_failing_row_holds_back_only_its_key(backend: Backend) -> None:
+    await write(backend, msg("bad"), msg("bad"), msg("good"), msg("good"))
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
+    (head,) = claim.messages
+    await backend.storage.mark_failed(claim.token, [Failure(head.seq, "nope", 60)])
+    rest = await backend.storage.claim("w1", limit=10, lease_seconds=LEASE)
+    assert [m.key for m in rest.messages] == ["good", "good"]
+
+
+async def test_the_same_key_on_another_target_is_independent(backend: Backend) -> None:
+    await write(backend, msg("k", targets=["default", "partner"]), msg("k", targets=["partner"]))
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
+    assert [m.target for m in claim.messages] == ["default"]
+    held = await backend.storage.claim("w2", limit=1, lease_seconds=LEASE)
+    assert [m.target for m in held.messages] == ["partner"]
+    # partner's second row waits for partner's first, not for default's.
+    assert not (await backend.storage.claim("w3", limit=10, lease_seconds=LEASE)).messages
+    await backend.storage.mark_published(held.token, [held.messages[0].seq])
+    last = await backend.storage.claim("w3", limit=10, lease_seconds=LEASE)
+    assert [m.target for m in last.messages] == ["partner"]
+
+
+async def test_delayed_messages_wait_until_due(backend: Backend) -> None:
+    await write(backend, msg(delay=0.6), msg())
+    now = await backend.storage.claim("w1", limit=10, lease_seconds=LEASE)
+    assert len(now.messages) == 1
+    await asyncio.sleep(0.9)
+    later = await backend.storage.claim("w1", limit=10, lease_seconds=LEASE)
+    assert len(later.messages) == 1 and later.messages[0].seq < now.messages[0].seq
+
+
+async def test_claim_filters_by_partition_and_target(backend: Backend) -> None:
+    keys = [f"key-{i}" for i in range(20)]
+    await write(backend, *[msg(k, targets=["default", "partner"]) for k in keys])
+    wanted = sorted({ROUTING.rows([msg(k)])[0][5] for k in keys[:5]})
+    claim = await backend.storage.claim(
+        "w1", limit=100, lease_seconds=LEASE, partitions=wanted, targets=["partner"]
+    )
+    assert claim.messages
+    assert all(m.partition in wanted and m.target == "partner" for m in claim.messages)
+    assert {m.key for m in claim.messages} >= set(keys[:5])
+
+
+async def test_purge_honours_both_retention_windows(backend: Backend) -> None:
+    await write(backend, *[msg() for _ in range(7)])
+    claim = await backend.storage.claim("w1", limit=7, lease_seconds=LEASE)
+    seqs = [m.seq for m in claim.messages]
+    await backend.storage.mark_published(claim.token, seqs[:5])
+    await backend.storage.abandon(claim.token, [Failure(s, "bad") for s in seqs[5:]])
+    await asyncio.sleep(0.3)
+    purged = await backend.storage.purge(published_older_than=0, abandoned_older_than=3600, batch_size=2)
+    assert purged == 5
+    stats = await backend.storage.stats()
+    assert stats.counts.get(Status.PUBLISHED, 0) == 0 and stats.abandoned == 2
+    assert await backend.storage.purge(published_older_than=0, abandoned_older_than=0.1) == 2
+    assert sum((await backend.storage.stats()).counts.values()) == 0
+
+
+async def test_stats_report_counts_oldest_age_and_leases(backend: Backend) -> None:
+    empty = await backend.storage.stats()
+    assert empty.oldest_pending_age is None and empty.active_leases == 0
+    await write(backend, msg(), msg(), msg())
+    await asyncio.sleep(0.2)
+    await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
+    stats = await backend.storage.stats()
+    assert stats.pending == 2 and stats.counts.get(Status.PROCESSING) == 1
+    assert stats.active_leases == 1
+    assert stats.oldest_pending_age is not None and 0.1 <= stats.oldest_pending_age < 30
+
+
+async def test_concurrent_claimers_never_share_a_row(backend: Backend) -> None:
+    await write(backend, *[msg(f"k{i % 7}" if i % 3 else None) for i in range(120)])
+    workers = [await backend.another() for _ in range(4)]
+    seen: list[int] = []
+
+    async def drain(index: int) -> None:
+        storage = workers[index]
+        while True:
+            claim = await storage.claim(f"w{index}", limit=7, lease_seconds=LEASE)
+            if not claim.messages:
+                stats = await storage.stats()
+                if stats.pending == 0 and stats.counts.get(Status.PROCESSING, 0) == 0:
+                    return
+                await asyncio.sleep(0.01)
+                continue
+            seen.extend(m.seq for m in claim.messages)
+            await storage.mark_published(claim.token, [m.seq for m in claim.messages])
+
+    await asyncio.wait_for(asyncio.gather(*(drain(i) for i in range(4))), timeout=60)
+    assert len(seen) == 120 and len(set(seen)) == 120

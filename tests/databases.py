@@ -1,0 +1,43 @@
+"""Test databases: the shared services' URLs, unique table names, create and drop."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pymysql
+import psycopg
+
+from relaybox.migrations import migrate
+
+PG_URL = os.environ.get("RELAYBOX_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+MYSQL_URL = os.environ.get("RELAYBOX_TEST_MYSQL", "mysql://root@127.0.0.1:3306/test")
+
+
+def unique_table(stem: str = "rbx") -> str:
+    return f"{stem}_{uuid.uuid4().hex[:12]}"
+
+
+def sqlite_url(path: os.PathLike[str] | str) -> str:
+    return f"sqlite:///{path}"
+
+
+async def create(url: str, table: str) -> None:
+    await migrate(url, table=table)
+
+
+def drop(url: str, table: str) -> None:
+    """Drop the outbox table and its migration record; sync, for fixture teardown."""
+    tables = (table, f"{table}_migrations")
+    if url.startswith("postgresql"):
+        with psycopg.connect(url.replace("+asyncpg", "").replace("+psycopg", ""), autocommit=True) as conn:
+            for name in tables:
+                conn.execute(f"DROP TABLE IF EXISTS {name}")
+    elif url.startswith("mysql"):
+        conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", password="", database="test")
+        try:
+            with conn.cursor() as cursor:
+                for name in tables:
+                    cursor.execute(f"DROP TABLE IF EXISTS {name}")
+        finally:
+            conn.close()
