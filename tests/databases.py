@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import uuid
 
-import pymysql
 import psycopg
+import pymysql
 
 from relaybox.migrations import migrate
 
@@ -30,11 +30,15 @@ def drop(url: str, table: str) -> None:
     """Drop the outbox table and its migration record; sync, for fixture teardown."""
     tables = (table, f"{table}_migrations")
     if url.startswith("postgresql"):
-        with psycopg.connect(url.replace("+asyncpg", "").replace("+psycopg", ""), autocommit=True) as conn:
+        with psycopg.connect(
+            url.replace("+asyncpg", "").replace("+psycopg", ""), autocommit=True
+        ) as conn:
             for name in tables:
                 conn.execute(f"DROP TABLE IF EXISTS {name}")
     elif url.startswith("mysql"):
-        conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", password="", database="test")
+        conn = pymysql.connect(
+            host="127.0.0.1", port=3306, user="root", password="", database="test"
+        )
         try:
             with conn.cursor() as cursor:
                 for name in tables:

@@ -1,11 +1,11 @@
 """relaybox: a transactional outbox and inbox for Python services.
 
-    from relaybox import Outbox, Message
+from relaybox import Outbox, Message
 
-    outbox = Outbox()
-    with psycopg.connect(DSN) as conn:          # one transaction
-        conn.execute("INSERT INTO orders ...")
-        outbox.add(conn, Message(topic="orders", key=order_id, payload={...}))
+outbox = Outbox()
+with psycopg.connect(DSN) as conn:          # one transaction
+    conn.execute("INSERT INTO orders ...")
+    outbox.add(conn, Message(topic="orders", key=order_id, payload={...}))
 """
 
 from relaybox.core.ids import uuid7

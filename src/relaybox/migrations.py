@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import warnings
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
@@ -66,8 +67,11 @@ class _MySQL:
         self.connection = connection
 
     async def execute(self, statement: str, args: Sequence[Any] = ()) -> None:
-        async with self.connection.cursor() as cursor:
-            await cursor.execute(statement, tuple(args) or None)
+        # "Table already exists" notes from IF NOT EXISTS are expected on a re-run.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            async with self.connection.cursor() as cursor:
+                await cursor.execute(statement, tuple(args) or None)
 
     async def versions(self, table: str) -> set[int]:
         async with self.connection.cursor() as cursor:

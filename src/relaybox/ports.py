@@ -37,9 +37,7 @@ class OutboxStorage(Protocol):
         outside this claim, so two workers can never publish one key out of order.
         """
 
-    async def mark_published(
-        self, token: str, seqs: Sequence[int], *, delete: bool = False
-    ) -> int:
+    async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
         """Record success for rows still held under `token`; others are left alone."""
 
     async def mark_failed(self, token: str, failures: Sequence[Failure]) -> int:

@@ -21,15 +21,27 @@ async def write(backend: Backend, *messages: Message) -> None:
 
 
 def msg(key: str | None = None, **fields: object) -> Message:
-    return Message(topic=str(fields.pop("topic", "orders")), key=key, payload=fields.pop("payload", {"n": 1}), **fields)  # type: ignore[arg-type]
+    return Message(
+        topic=str(fields.pop("topic", "orders")),
+        key=key,
+        payload=fields.pop("payload", {"n": 1}),
+        **fields,
+    )  # type: ignore[arg-type]
 
 
 async def test_write_then_claim_round_trips_every_field(backend: Backend) -> None:
     occurred = datetime.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.UTC)
     original = Message(
-        topic="orders", key="order-1", type="OrderPlaced", payload={"total": 12.5, "items": [1, 2]},
-        headers={"x-origin": "test"}, correlation_id="corr-1", causation_id="cause-1",
-        tenant_id="tenant-a", aggregate_id="agg-9", occurred_at=occurred,
+        topic="orders",
+        key="order-1",
+        type="OrderPlaced",
+        payload={"total": 12.5, "items": [1, 2]},
+        headers={"x-origin": "test"},
+        correlation_id="corr-1",
+        causation_id="cause-1",
+        tenant_id="tenant-a",
+        aggregate_id="agg-9",
+        occurred_at=occurred,
         targets=["default", Target("partner", external=True)],
     )
     await write(backend, original)
@@ -39,15 +51,19 @@ async def test_write_then_claim_round_trips_every_field(backend: Backend) -> Non
     assert first.seq < second.seq
     assert first.id == second.id == original.id
     assert (first.external, second.external) == (False, True)
-    assert first.topic == "orders" and first.key == "order-1" and first.type == "OrderPlaced"
-    assert first.payload == original.body and first.content_type == "application/json"
+    assert first.topic == "orders"
+    assert first.key == "order-1"
+    assert first.type == "OrderPlaced"
+    assert first.payload == original.body
+    assert first.content_type == "application/json"
     assert dict(first.headers) == {"x-origin": "test"}
     assert (first.correlation_id, first.causation_id) == ("corr-1", "cause-1")
     assert (first.tenant_id, first.aggregate_id) == ("tenant-a", "agg-9")
     assert first.occurred_at == occurred
     assert first.attempts == 0
     assert first.partition == second.partition
-    assert claim.token and claim.worker == "w1"
+    assert claim.token
+    assert claim.worker == "w1"
 
 
 async def test_bytes_and_text_payloads_keep_their_content_type(backend: Backend) -> None:
@@ -64,7 +80,9 @@ async def test_claim_respects_limit_and_never_hands_out_a_leased_row(backend: Ba
     first = await backend.storage.claim("w1", limit=3, lease_seconds=LEASE)
     second = await backend.storage.claim("w2", limit=10, lease_seconds=LEASE)
     third = await backend.storage.claim("w3", limit=10, lease_seconds=LEASE)
-    assert len(first.messages) == 3 and len(second.messages) == 2 and not third.messages
+    assert len(first.messages) == 3
+    assert len(second.messages) == 2
+    assert not third.messages
     assert {m.seq for m in first.messages}.isdisjoint(m.seq for m in second.messages)
     assert first.token != second.token
 
@@ -79,14 +97,17 @@ async def test_mark_published_keeps_or_deletes_and_is_fenced_by_token(backend: B
     assert await backend.storage.mark_published(claim.token, [kept]) == 0  # already done
     stats = await backend.storage.stats()
     assert stats.counts.get(Status.PUBLISHED) == 1
-    assert stats.pending == 0 and sum(stats.counts.values()) == 1
+    assert stats.pending == 0
+    assert sum(stats.counts.values()) == 1
 
 
 async def test_failed_row_counts_an_attempt_and_waits_for_its_backoff(backend: Backend) -> None:
     await write(backend, msg())
     claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
     (row,) = claim.messages
-    assert await backend.storage.mark_failed(claim.token, [Failure(row.seq, "broker down", 0.6)]) == 1
+    assert (
+        await backend.storage.mark_failed(claim.token, [Failure(row.seq, "broker down", 0.6)]) == 1
+    )
     assert not (await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)).messages
     stats = await backend.storage.stats()
     assert stats.failed == 1
@@ -171,7 +192,8 @@ async def test_one_claim_takes_a_key_run_in_order(backend: Backend) -> None:
     await write(backend, msg("k"), msg("k"), msg("k"))
     claim = await backend.storage.claim("w1", limit=10, lease_seconds=LEASE)
     seqs = [m.seq for m in claim.messages]
-    assert len(seqs) == 3 and seqs == sorted(seqs)
+    assert len(seqs) == 3
+    assert seqs == sorted(seqs)
 
 
 async def test_a_failing_row_holds_back_only_its_key(backend: Backend) -> None:
@@ -202,7 +224,8 @@ async def test_delayed_messages_wait_until_due(backend: Backend) -> None:
     assert len(now.messages) == 1
     await asyncio.sleep(0.9)
     later = await backend.storage.claim("w1", limit=10, lease_seconds=LEASE)
-    assert len(later.messages) == 1 and later.messages[0].seq < now.messages[0].seq
+    assert len(later.messages) == 1
+    assert later.messages[0].seq < now.messages[0].seq
 
 
 async def test_claim_filters_by_partition_and_target(backend: Backend) -> None:
@@ -224,24 +247,30 @@ async def test_purge_honours_both_retention_windows(backend: Backend) -> None:
     await backend.storage.mark_published(claim.token, seqs[:5])
     await backend.storage.abandon(claim.token, [Failure(s, "bad") for s in seqs[5:]])
     await asyncio.sleep(0.3)
-    purged = await backend.storage.purge(published_older_than=0, abandoned_older_than=3600, batch_size=2)
+    purged = await backend.storage.purge(
+        published_older_than=0, abandoned_older_than=3600, batch_size=2
+    )
     assert purged == 5
     stats = await backend.storage.stats()
-    assert stats.counts.get(Status.PUBLISHED, 0) == 0 and stats.abandoned == 2
+    assert stats.counts.get(Status.PUBLISHED, 0) == 0
+    assert stats.abandoned == 2
     assert await backend.storage.purge(published_older_than=0, abandoned_older_than=0.1) == 2
     assert sum((await backend.storage.stats()).counts.values()) == 0
 
 
 async def test_stats_report_counts_oldest_age_and_leases(backend: Backend) -> None:
     empty = await backend.storage.stats()
-    assert empty.oldest_pending_age is None and empty.active_leases == 0
+    assert empty.oldest_pending_age is None
+    assert empty.active_leases == 0
     await write(backend, msg(), msg(), msg())
     await asyncio.sleep(0.2)
     await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
     stats = await backend.storage.stats()
-    assert stats.pending == 2 and stats.counts.get(Status.PROCESSING) == 1
+    assert stats.pending == 2
+    assert stats.counts.get(Status.PROCESSING) == 1
     assert stats.active_leases == 1
-    assert stats.oldest_pending_age is not None and 0.1 <= stats.oldest_pending_age < 30
+    assert stats.oldest_pending_age is not None
+    assert 0.1 <= stats.oldest_pending_age < 30
 
 
 async def test_concurrent_claimers_never_share_a_row(backend: Backend) -> None:
@@ -263,4 +292,5 @@ async def test_concurrent_claimers_never_share_a_row(backend: Backend) -> None:
             await storage.mark_published(claim.token, [m.seq for m in claim.messages])
 
     await asyncio.wait_for(asyncio.gather(*(drain(i) for i in range(4))), timeout=60)
-    assert len(seen) == 120 and len(set(seen)) == 120
+    assert len(seen) == 120
+    assert len(set(seen)) == 120

@@ -1,10 +1,10 @@
 """The states an outbox row moves through (seed 000).
 
-    pending -> processing -> published
-    processing -> failed -> (backoff) -> processing ...
-    failed -> abandoned            (max attempts, or a permanent error)
-    processing -> pending          (released, or its lease expired)
-    abandoned -> pending           (operator replay)
+pending -> processing -> published
+processing -> failed -> (backoff) -> processing ...
+failed -> abandoned            (max attempts, or a permanent error)
+processing -> pending          (released, or its lease expired)
+abandoned -> pending           (operator replay)
 """
 
 from __future__ import annotations

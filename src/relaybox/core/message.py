@@ -53,12 +53,24 @@ class Message:
     """
 
     __slots__ = (
-        "id", "topic", "payload", "key", "type", "content_type", "body", "headers",
-        "correlation_id", "causation_id", "tenant_id", "aggregate_id", "targets",
-        "delay_seconds", "occurred_at",
+        "aggregate_id",
+        "body",
+        "causation_id",
+        "content_type",
+        "correlation_id",
+        "delay_seconds",
+        "headers",
+        "id",
+        "key",
+        "occurred_at",
+        "payload",
+        "targets",
+        "tenant_id",
+        "topic",
+        "type",
     )
 
-    def __init__(  # noqa: PLR0913 - a message has this many fields
+    def __init__(
         self,
         *,
         topic: str,

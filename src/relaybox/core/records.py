@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import DEFAULT_TARGET, Message, Target
 from relaybox.core.partitions import DEFAULT_PARTITIONS, partition_for
-from relaybox.errors import UnknownTargetError
+from relaybox.errors import MessageError, UnknownTargetError
 
 #: The columns the writer fills, in the order of `InsertRow`.
 INSERT_COLUMNS: tuple[str, ...] = (
@@ -72,7 +72,7 @@ class Routing:
         rows: list[InsertRow] = []
         for message in messages:
             if not isinstance(message, Message):
-                raise TypeError(f"expected relaybox.Message, got {type(message).__name__}")
+                raise MessageError(f"expected relaybox.Message, got {type(message).__name__}")
             partition = partition_for(message.key, message.id, self.partitions)
             headers = json.dumps(message.headers, separators=(",", ":"))
             for target in self.resolve(message):

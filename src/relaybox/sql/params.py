@@ -52,7 +52,9 @@ def restyle(query: str, source: ParamStyle, target: ParamStyle) -> str:
         texts = [text.replace("%", "%%") for text in texts]
     out = [texts[0]]
     for index, text in enumerate(texts[1:], start=1):
-        out.append(f"${index}" if target == "numeric_dollar" else "?" if target == "qmark" else "%s")
+        out.append(
+            f"${index}" if target == "numeric_dollar" else "?" if target == "qmark" else "%s"
+        )
         out.append(text)
     return "".join(out)
 
@@ -70,6 +72,7 @@ def row_params(dialect: str, row: InsertRow) -> tuple[Any, ...]:
      correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, delay) = row  # fmt: skip
     utc = occurred_at.astimezone(datetime.UTC).replace(tzinfo=None)
     occurred: Any
+    delay_param: float | int
     if dialect == "mysql":
         occurred, delay_param = utc, round(delay * 1_000_000)
     else:

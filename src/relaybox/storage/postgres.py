@@ -8,6 +8,7 @@ recorded in docs/benchmarks.md; psycopg is there for services that only ship psy
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -75,14 +76,18 @@ class _PsycopgDriver:
         await self._connection.close()
 
 
+_INTEGRITY_ERRORS = frozenset({
+    "IntegrityError", "IntegrityConstraintViolationError", "UniqueViolationError",
+    "ForeignKeyViolationError", "NotNullViolationError", "CheckViolationError",
+})  # fmt: skip
+
+
 def translate(exc: BaseException) -> StorageError:
     """Map asyncpg/psycopg errors onto relaybox's storage branch."""
     name = type(exc).__name__
     module = type(exc).__module__
     text = f"PostgreSQL: {exc}"
-    integrity = ("IntegrityError", "IntegrityConstraintViolationError", "UniqueViolationError",
-                 "ForeignKeyViolationError", "NotNullViolationError", "CheckViolationError")  # fmt: skip
-    if name in integrity:
+    if name in _INTEGRITY_ERRORS:
         return StorageIntegrityError(text)
     if isinstance(exc, OSError | asyncio.TimeoutError | ConnectionError):
         return StorageOperationalError(text)
@@ -110,7 +115,9 @@ class PostgresStorage:
         self._lock = asyncio.Lock()
 
     @classmethod
-    async def connect(cls, url: DatabaseUrl | str, *, table: str = DEFAULT_TABLE) -> PostgresStorage:
+    async def connect(
+        cls, url: DatabaseUrl | str, *, table: str = DEFAULT_TABLE
+    ) -> PostgresStorage:
         storage = cls(DatabaseUrl.parse(url) if isinstance(url, str) else url, table=table)
         async with storage._lock:
             await storage._connected()
@@ -141,10 +148,8 @@ class PostgresStorage:
     async def _drop(self) -> None:
         driver, self._driver = self._driver, None
         if driver is not None:
-            try:
+            with contextlib.suppress(Exception):  # the connection is already broken
                 await driver.close()
-            except Exception:  # noqa: BLE001 - the connection is already broken
-                pass
 
     async def write(self, rows: Sequence[InsertRow]) -> None:
         if rows:
@@ -205,9 +210,12 @@ class PostgresStorage:
         return int(await self._run("replay", [list(seqs)], rows=False))
 
     async def stats(self) -> OutboxStats:
-        counts = {Status(status): int(n) for status, n in await self._run("count_by_status", [], rows=True)}
-        (age,), = await self._run("oldest_pending_age", [], rows=True)
-        (leases,), = await self._run("active_leases", [], rows=True)
+        counts = {
+            Status(status): int(n)
+            for status, n in await self._run("count_by_status", [], rows=True)
+        }
+        ((age,),) = await self._run("oldest_pending_age", [], rows=True)
+        ((leases,),) = await self._run("active_leases", [], rows=True)
         return OutboxStats(counts=counts, oldest_pending_age=age, active_leases=int(leases))
 
     async def close(self) -> None:

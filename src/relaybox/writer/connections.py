@@ -92,8 +92,10 @@ def sync_channel(connection: Any) -> Channel:
     if root == "sqlalchemy":
         if hasattr(connection, "exec_driver_sql") and not _is_async(connection):
             return _sqlalchemy_sync(connection)
-        if hasattr(connection, "connection") and callable(connection.connection) and (
-            type(connection).__name__ in ("Session", "scoped_session")
+        if (
+            hasattr(connection, "connection")
+            and callable(connection.connection)
+            and (type(connection).__name__ in ("Session", "scoped_session"))
         ):
             return _sqlalchemy_sync(connection.connection())
     if root == "django":

@@ -59,7 +59,9 @@ class Outbox:
                 channel.execute(statement.query, statement.params)
         return batch
 
-    async def add_async(self, connection: Any, messages: Message | Iterable[Message]) -> list[Message]:
+    async def add_async(
+        self, connection: Any, messages: Message | Iterable[Message]
+    ) -> list[Message]:
         """Write `messages` through an async connection or session, in its transaction."""
         batch, rows = self.rows(messages)
         if rows:

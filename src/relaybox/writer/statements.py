@@ -23,7 +23,7 @@ class Statement:
 
 @functools.lru_cache(maxsize=512)
 def _text(dialect: str, table: str, style: ParamStyle, name: str, rows: int = 1) -> str:
-    queries = sql.queries(dialect, table)  # type: ignore[arg-type]
+    queries = sql.queries(dialect, table)
     if name == "insert_values":
         query = queries["insert_values"] + " " + ", ".join([queries["insert_row"]] * rows)
     else:
@@ -31,7 +31,9 @@ def _text(dialect: str, table: str, style: ParamStyle, name: str, rows: int = 1)
     return restyle(query, native_style(dialect), style)
 
 
-def inserts(dialect: str, table: str, style: ParamStyle, rows: Sequence[InsertRow]) -> Iterator[Statement]:
+def inserts(
+    dialect: str, table: str, style: ParamStyle, rows: Sequence[InsertRow]
+) -> Iterator[Statement]:
     """The statements that write `rows`: one for a single row, one per chunk for many."""
     if len(rows) == 1:
         yield Statement(_text(dialect, table, style, "insert_one"), row_params(dialect, rows[0]))

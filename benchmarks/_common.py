@@ -1,0 +1,28 @@
+"""Shared bits for the benchmarks: machine description, PostgreSQL URL, table setup."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+
+PG_URL = os.environ.get("RELAYBOX_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def machine() -> dict[str, object]:
+    try:
+        server = subprocess.run(
+            ["psql", "-h", "127.0.0.1", "-U", "postgres", "-Atc", "SHOW server_version", "test"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
+        ).stdout.strip()
+    except OSError:
+        server = "?"
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "postgresql": server,
+    }

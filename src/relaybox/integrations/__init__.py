@@ -1,0 +1,1 @@
+"""Framework integrations: SQLAlchemy ORM domain events, Django."""

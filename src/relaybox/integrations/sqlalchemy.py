@@ -1,0 +1,85 @@
+"""Domain events on SQLAlchemy entities, written to the outbox in the same flush.
+
+    class Order(Base, HasDomainEvents):
+        ...
+        def place(self) -> None:
+            self.status = "placed"
+            self.record_event(lambda: Message(topic="orders", key=str(self.id), ...))
+
+    track_domain_events(Session, outbox)   # a Session class, sessionmaker or instance
+
+At every flush, events recorded by new, changed or deleted entities are inserted through
+the session's own connection, after SQLAlchemy has written the entities (so generated
+ids are known) and inside the same transaction. A recorded callable is called then, which
+is how an event can carry an id the database assigns. After the session commits, the
+outbox's commit listeners hear about the messages (the in-process hand-off of seed 001);
+after a rollback they are dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
+from relaybox.core.message import Message
+from relaybox.writer.outbox import Outbox
+
+EventSource = Message | Callable[[], Message]
+_PENDING_KEY = "relaybox.committed_messages"
+
+
+class HasDomainEvents:
+    """Mixin for entities that raise domain events. Keeps them out of the mapped state."""
+
+    def record_event(self, message: EventSource) -> None:
+        """Queue a message (or a callable making one at flush time) for the next flush."""
+        events: list[EventSource] = self.__dict__.setdefault("_relaybox_events", [])
+        events.append(message)
+
+    def pending_events(self) -> list[EventSource]:
+        return list(self.__dict__.get("_relaybox_events", ()))
+
+    def _take_events(self) -> list[EventSource]:
+        return self.__dict__.pop("_relaybox_events", [])
+
+
+def _drain(entities: Iterable[Any]) -> list[Message]:
+    messages: list[Message] = []
+    for entity in entities:
+        if isinstance(entity, HasDomainEvents):
+            messages.extend(e if isinstance(e, Message) else e() for e in entity._take_events())
+    return messages
+
+
+def track_domain_events(target: Any, outbox: Outbox) -> None:
+    """Write entities' domain events to `outbox` at each flush of sessions of `target`."""
+
+    def write(session: Session, messages: list[Message]) -> None:
+        if messages:
+            outbox.add(session.connection(), messages)
+            session.info.setdefault(_PENDING_KEY, []).extend(messages)
+
+    @event.listens_for(target, "after_flush")
+    def write_flushed_events(session: Session, _flush_context: Any) -> None:
+        # Entities flushed earlier that only recorded an event since are clean, so they
+        # are in the identity map but not in new/dirty/deleted.
+        changed = (*session.new, *session.dirty, *session.deleted)
+        write(session, _drain((*changed, *session.identity_map.values())))
+
+    @event.listens_for(target, "before_commit")
+    def write_events_of_clean_entities(session: Session) -> None:
+        if not (session.new or session.dirty or session.deleted):  # no flush will follow
+            write(session, _drain(session.identity_map.values()))
+
+    @event.listens_for(target, "after_commit")
+    def announce(session: Session) -> None:
+        messages = session.info.pop(_PENDING_KEY, None)
+        if messages:
+            outbox.committed(messages)
+
+    @event.listens_for(target, "after_soft_rollback")
+    def forget(session: Session, _previous_transaction: Any) -> None:
+        session.info.pop(_PENDING_KEY, None)

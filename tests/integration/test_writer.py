@@ -1,0 +1,209 @@
+"""The writer through every supported driver: commit writes, rollback leaves nothing,
+bad input raises a relaybox error and leaves the caller's transaction usable."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pymysql
+import pytest
+
+from relaybox import Message, Outbox, PayloadTooLargeError, UnknownTargetError
+from relaybox.errors import MessageError
+from relaybox.migrations import migrate
+from tests.databases import MYSQL_URL, PG_URL, drop, sqlite_url, unique_table
+from tests.integration.drivers import ASYNC_CASES, SYNC_CASES, AsyncCase, SyncCase
+
+
+class World:
+    """An outbox table plus a business table, and a way to count what committed."""
+
+    def __init__(self, dialect: str, db: Path) -> None:
+        self.dialect, self.db = dialect, db
+        self.table, self.business = unique_table("wr"), unique_table("biz")
+        self.url = {"postgresql": PG_URL, "mysql": MYSQL_URL}.get(dialect, sqlite_url(db))
+        self.outbox = Outbox(
+            table=self.table, targets=["default", "partner"], max_payload_bytes=4096
+        )
+
+    async def setup(self) -> None:
+        await migrate(self.url, table=self.table)
+        self._run(f"CREATE TABLE {self.business} (name VARCHAR(50))")
+
+    def setup_sync(self) -> None:
+        asyncio.run(self.setup())
+
+    def teardown(self) -> None:
+        drop(self.url, self.table)
+        if self.dialect != "sqlite":
+            self._run(f"DROP TABLE IF EXISTS {self.business}")
+
+    def count(self, table: str) -> int:
+        return int(self._run(f"SELECT count(*) FROM {table}")[0][0])
+
+    def _run(self, statement: str) -> Any:
+        if self.dialect == "postgresql":
+            with psycopg.connect(PG_URL, autocommit=True) as conn:
+                cursor = conn.execute(statement)
+                return cursor.fetchall() if cursor.description else None
+        if self.dialect == "mysql":
+            conn = pymysql.connect(
+                host="127.0.0.1", user="root", password="", database="test", autocommit=True
+            )
+            with conn, conn.cursor() as cursor:
+                cursor.execute(statement)
+                return cursor.fetchall()
+        with sqlite3.connect(self.db) as lite:
+            return lite.execute(statement).fetchall()
+
+    def business_insert(self) -> str:
+        return f"INSERT INTO {self.business} (name) VALUES ('order')"
+
+
+def messages(n: int) -> list[Message]:
+    return [Message(topic="orders", key=f"o-{i}", payload={"i": i}) for i in range(n)]
+
+
+@pytest.fixture(params=sorted(SYNC_CASES))
+def sync_case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[World, SyncCase]]:
+    dialect, opener = SYNC_CASES[request.param]
+    world = World(dialect, tmp_path / "app.db")
+    world.setup_sync()
+    case = opener(world.db)
+    try:
+        yield world, case
+    finally:
+        case.close()
+        world.teardown()
+
+
+@pytest.fixture(params=sorted(ASYNC_CASES))
+async def async_case(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[World, AsyncCase]]:
+    dialect, opener = ASYNC_CASES[request.param]
+    world = World(dialect, tmp_path / "app.db")
+    await world.setup()
+    case = await opener(world.db)
+    try:
+        yield world, case
+    finally:
+        await case.close()
+        world.teardown()
+
+
+BAD_INPUTS = [
+    pytest.param(
+        lambda: Message(topic="orders", targets=["nowhere"]),
+        UnknownTargetError,
+        id="unknown-target",
+    ),
+    pytest.param(
+        lambda: Message(topic="orders", payload="x" * 5000),
+        PayloadTooLargeError,
+        id="over-outbox-limit",
+    ),
+    pytest.param(lambda: "not a message", MessageError, id="not-a-message"),
+]
+
+
+def test_sync_commit_writes_rows(sync_case: tuple[World, SyncCase]) -> None:
+    world, case = sync_case
+    case.run(world.business_insert())
+    world.outbox.add(case.handle, Message(topic="orders", key="o-1", payload={"total": 3}))
+    world.outbox.add(
+        case.handle, [*messages(3), Message(topic="orders", targets=["default", "partner"])]
+    )
+    case.commit()
+    assert world.count(world.business) == 1
+    assert world.count(world.table) == 6  # 1 + 3 + one message to two targets
+
+
+def test_sync_rollback_leaves_nothing(sync_case: tuple[World, SyncCase]) -> None:
+    world, case = sync_case
+    case.run(world.business_insert())
+    world.outbox.add(case.handle, messages(2))
+    case.rollback()
+    assert world.count(world.business) == 0
+    assert world.count(world.table) == 0
+
+
+@pytest.mark.parametrize(("make_bad", "error"), BAD_INPUTS)
+def test_sync_bad_input_raises_and_keeps_the_transaction(
+    sync_case: tuple[World, SyncCase], make_bad: Any, error: type[Exception]
+) -> None:
+    world, case = sync_case
+    case.run(world.business_insert())
+    with pytest.raises(error):
+        world.outbox.add(case.handle, [*messages(1), make_bad()])
+    world.outbox.add(case.handle, messages(1))  # the transaction is still usable
+    case.commit()
+    assert world.count(world.business) == 1
+    assert world.count(world.table) == 1
+
+
+async def test_async_commit_writes_rows(async_case: tuple[World, AsyncCase]) -> None:
+    world, case = async_case
+    await case.run(world.business_insert())
+    await world.outbox.add_async(
+        case.handle, Message(topic="orders", key="o-1", payload={"total": 3})
+    )
+    await world.outbox.add_async(
+        case.handle, [*messages(3), Message(topic="orders", targets=["default", "partner"])]
+    )
+    await case.commit()
+    assert world.count(world.business) == 1
+    assert world.count(world.table) == 6
+
+
+async def test_async_rollback_leaves_nothing(async_case: tuple[World, AsyncCase]) -> None:
+    world, case = async_case
+    await case.run(world.business_insert())
+    await world.outbox.add_async(case.handle, messages(2))
+    await case.rollback()
+    assert world.count(world.business) == 0
+    assert world.count(world.table) == 0
+
+
+@pytest.mark.parametrize(("make_bad", "error"), BAD_INPUTS)
+async def test_async_bad_input_raises_and_keeps_the_transaction(
+    async_case: tuple[World, AsyncCase], make_bad: Any, error: type[Exception]
+) -> None:
+    world, case = async_case
+    await case.run(world.business_insert())
+    with pytest.raises(error):
+        await world.outbox.add_async(case.handle, [*messages(1), make_bad()])
+    await world.outbox.add_async(case.handle, messages(1))
+    await case.commit()
+    assert world.count(world.business) == 1
+    assert world.count(world.table) == 1
+
+
+def test_sync_writer_rejects_an_async_connection_clearly(tmp_path: Path) -> None:
+    from relaybox import UnsupportedConnectionError
+
+    async def check() -> None:
+        conn = await psycopg.AsyncConnection.connect(PG_URL)
+        try:
+            with pytest.raises(UnsupportedConnectionError, match="add_async"):
+                Outbox().add(conn, messages(1))
+        finally:
+            await conn.close()
+
+    asyncio.run(check())
+
+
+def test_the_writer_never_commits(tmp_path: Path) -> None:
+    table = unique_table("wr")
+    asyncio.run(migrate(sqlite_url(tmp_path / "a.db"), table=table))
+    conn = sqlite3.connect(tmp_path / "a.db")
+    Outbox(table=table).add(conn, messages(2))
+    assert conn.in_transaction  # still open: committing is the caller's job
+    conn.close()  # closing without commit discards
+    with sqlite3.connect(tmp_path / "a.db") as check:
+        assert check.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)

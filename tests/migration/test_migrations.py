@@ -1,0 +1,115 @@
+"""Migrations applied in order yield exactly the published schema, and are idempotent."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pymysql
+import pytest
+
+from relaybox import sql
+from relaybox.migrations import migrate
+from tests.databases import MYSQL_URL, PG_URL, drop, sqlite_url, unique_table
+
+
+def _pg_catalog(table: str) -> list[tuple[object, ...]]:
+    with psycopg.connect(PG_URL) as conn:
+        columns = conn.execute(
+            "SELECT column_name, data_type, is_nullable, column_default, is_identity,"
+            " ordinal_position FROM information_schema.columns WHERE table_name = %s"
+            " ORDER BY ordinal_position",
+            (table,),
+        ).fetchall()
+        indexes = conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE tablename = %s ORDER BY indexname", (table,)
+        ).fetchall()
+        checks = conn.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %s::regclass"
+            " ORDER BY conname",
+            (table,),
+        ).fetchall()
+    return [tuple(str(v).replace(table, "T") for v in row) for row in (*columns, *indexes, *checks)]
+
+
+def _mysql_catalog(table: str) -> list[tuple[object, ...]]:
+    conn = pymysql.connect(host="127.0.0.1", user="root", password="", database="test")
+    with conn, conn.cursor() as cursor:
+        cursor.execute(f"SHOW CREATE TABLE {table}")
+        ((_, ddl),) = cursor.fetchall()
+    ddl = ddl.replace(table, "T").split("AUTO_INCREMENT=")[0]
+    return [(line.strip(),) for line in ddl.splitlines()]
+
+
+def _sqlite_catalog(db: Path, table: str) -> list[tuple[object, ...]]:
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT type, name, sql FROM sqlite_master WHERE tbl_name = ? ORDER BY name", (table,)
+        ).fetchall()
+    return [tuple(" ".join(str(v).replace(table, "T").split()) for v in row) for row in rows]
+
+
+def _apply_schema(dialect: str, url: str, table: str, db: Path) -> None:
+    statements = sql.statements(sql.schema(dialect, table))  # type: ignore[arg-type]
+    if dialect == "postgresql":
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            for statement in statements:
+                conn.execute(statement)
+    elif dialect == "mysql":
+        conn = pymysql.connect(host="127.0.0.1", user="root", password="", database="test")
+        with conn, conn.cursor() as cursor:
+            for statement in statements:
+                cursor.execute(statement)
+    else:
+        with sqlite3.connect(db) as lite:
+            for statement in statements:
+                lite.execute(statement)
+
+
+def _catalog(dialect: str, table: str, db: Path) -> list[tuple[object, ...]]:
+    if dialect == "postgresql":
+        return _pg_catalog(table)
+    if dialect == "mysql":
+        return _mysql_catalog(table)
+    return _sqlite_catalog(db, table)
+
+
+@pytest.fixture(params=sql.DIALECTS)
+def dialect(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Path]:
+    return tmp_path / "m.db"
+
+
+async def test_migrations_yield_the_published_schema(dialect: str, db: Path) -> None:
+    url = {"postgresql": PG_URL, "mysql": MYSQL_URL}.get(dialect, sqlite_url(db))
+    migrated, published = unique_table("mig"), unique_table("pub")
+    try:
+        await migrate(url, table=migrated)
+        _apply_schema(dialect, url, published, db)
+        expected = _catalog(dialect, published, db)
+        assert expected  # the catalog query found the table
+        assert _catalog(dialect, migrated, db) == expected
+    finally:
+        drop(url, migrated)
+        drop(url, published)
+
+
+async def test_migrate_twice_changes_nothing_the_second_time(dialect: str, db: Path) -> None:
+    url = {"postgresql": PG_URL, "mysql": MYSQL_URL}.get(dialect, sqlite_url(db))
+    table = unique_table("mig")
+    try:
+        first = await migrate(url, table=table)
+        before = _catalog(dialect, table, db)
+        second = await migrate(url, table=table)
+        assert first.applied == tuple(v for v, _, _ in sql.migrations(dialect, table))  # type: ignore[arg-type]
+        assert second.applied == ()
+        assert second.version == first.version
+        assert _catalog(dialect, table, db) == before
+    finally:
+        drop(url, table)
