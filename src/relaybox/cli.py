@@ -24,8 +24,8 @@ def main() -> None:
 @click.option("--table", default=DEFAULT_TABLE, show_default=True, help="Outbox table name.")
 def migrate(db_url: str, table: str) -> None:
     """Create or upgrade the outbox tables; safe to run again."""
-    masked = DatabaseUrl.parse(db_url).masked if "://" in db_url else db_url
     try:
+        masked = DatabaseUrl.parse(db_url).masked
         report = asyncio.run(run_migrations(db_url, table=table))
     except RelayboxError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -47,3 +47,12 @@ def schema(dialect: sql.Dialect, table: str) -> None:
         click.echo(sql.schema(dialect, table))
     except RelayboxError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _register_demo() -> None:
+    from relaybox.demo import demo
+
+    main.add_command(demo)
+
+
+_register_demo()

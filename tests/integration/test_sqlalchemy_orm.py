@@ -72,9 +72,8 @@ def orm(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, An
 
 def outbox_rows(orm: dict[str, Any]) -> list[tuple[str, str]]:
     with orm["engine"].connect() as conn:
-        rows = conn.exec_driver_sql(
-            f"SELECT {'`key`' if conn.dialect.name in ('mysql', 'mariadb') else 'key'}, type FROM {orm['table']} ORDER BY seq"
-        )
+        key = "`key`" if conn.dialect.name in ("mysql", "mariadb") else "key"
+        rows = conn.exec_driver_sql(f"SELECT {key}, type FROM {orm['table']} ORDER BY seq")
         return [tuple(row) for row in rows]
 
 

@@ -43,7 +43,8 @@ class HasDomainEvents:
         return list(self.__dict__.get("_relaybox_events", ()))
 
     def _take_events(self) -> list[EventSource]:
-        return self.__dict__.pop("_relaybox_events", [])
+        events: list[EventSource] = self.__dict__.pop("_relaybox_events", [])
+        return events
 
 
 def _drain(entities: Iterable[Any]) -> list[Message]:

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import enum
+import uuid
+
+import pytest
+
+from relaybox import (
+    EmptyTopicError,
+    InvalidHeadersError,
+    Message,
+    MessageError,
+    PayloadNotSerializableError,
+    PayloadTooLargeError,
+    RelayboxError,
+    Target,
+)
+from relaybox.core.ids import uuid7, uuid7_time_ms
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+@dataclasses.dataclass
+class Line:
+    sku: str
+    qty: int
+
+
+def test_defaults() -> None:
+    message = Message(topic="orders", payload={"a": 1})
+    assert message.id.version == 7
+    assert message.type == "orders"
+    assert message.content_type == "application/json"
+    assert message.body == b'{"a":1}'
+    assert message.targets is None  # the outbox's default targets apply
+    assert message.occurred_at.tzinfo is datetime.UTC
+    assert message.delay_seconds == 0.0
+
+
+def test_payload_kinds() -> None:
+    assert Message(topic="t", payload=b"\x01").content_type == "application/octet-stream"
+    assert Message(topic="t", payload="é").body == "é".encode()
+    assert (
+        Message(topic="t", payload="<a/>", content_type="application/xml").content_type
+        == "application/xml"
+    )
+    rich = Message(topic="t", payload={"when": datetime.date(2026, 1, 2), "id": uuid.UUID(int=1),
+                                       "amount": decimal.Decimal("1.10"), "colour": Colour.RED,
+                                       "line": Line("s", 2)})  # fmt: skip
+    assert b'"amount":"1.10"' in rich.body
+    assert b'"line":{"sku":"s","qty":2}' in rich.body
+
+
+@pytest.mark.parametrize("topic", ["", "   ", None])
+def test_empty_topic(topic: object) -> None:
+    with pytest.raises(EmptyTopicError):
+        Message(topic=topic)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("payload", [object(), {"x": float("nan")}, {1j: 2}])
+def test_unserialisable_payload(payload: object) -> None:
+    with pytest.raises(PayloadNotSerializableError, match="cannot be serialised"):
+        Message(topic="t", payload=payload)
+
+
+def test_payload_size_limit_default_and_custom() -> None:
+    Message(topic="t", payload=b"x" * (1024 * 1024))
+    with pytest.raises(PayloadTooLargeError, match="over the limit"):
+        Message(topic="t", payload=b"x" * (1024 * 1024 + 1))
+    with pytest.raises(PayloadTooLargeError):
+        Message(topic="t", payload="abc", max_payload_bytes=2)
+
+
+@pytest.mark.parametrize("headers", [{"a": 1}, {"": "x"}, ["a"]])
+def test_bad_headers(headers: object) -> None:
+    with pytest.raises(InvalidHeadersError):
+        Message(topic="t", headers=headers)  # type: ignore[arg-type]
+
+
+def test_targets() -> None:
+    message = Message(topic="t", targets=["a", Target("b", external=True)])
+    assert message.targets == (Target("a"), Target("b", external=True))
+    assert Message(topic="t", targets="a").targets == (Target("a"),)
+    with pytest.raises(MessageError, match="same target twice"):
+        Message(topic="t", targets=["a", "a"])
+    with pytest.raises(MessageError, match="at least one"):
+        Message(topic="t", targets=[])
+    with pytest.raises(MessageError, match="invalid target name"):
+        Message(topic="t", targets=["no spaces"])
+
+
+def test_other_fields() -> None:
+    with pytest.raises(MessageError, match="timezone-aware"):
+        Message(topic="t", occurred_at=datetime.datetime(2026, 1, 1))  # noqa: DTZ001
+    with pytest.raises(MessageError, match="negative"):
+        Message(topic="t", delay=-1)
+    assert Message(topic="t", delay=datetime.timedelta(seconds=90)).delay_seconds == 90
+    assert Message(topic="t", correlation_id=uuid.UUID(int=5)).correlation_id == str(
+        uuid.UUID(int=5)
+    )
+    with pytest.raises(MessageError, match="key"):
+        Message(topic="t", key="k" * 256)
+
+
+def test_every_message_error_is_a_relaybox_error() -> None:
+    assert issubclass(PayloadTooLargeError, MessageError)
+    assert issubclass(MessageError, RelayboxError)
+    assert str(RelayboxError()) == "relaybox failed."
+
+
+def test_uuid7_is_monotonic_and_time_ordered() -> None:
+    ids = [uuid7() for _ in range(20_000)]
+    assert ids == sorted(ids, key=lambda u: u.int)
+    assert len(set(ids)) == len(ids)
+    assert all(u.version == 7 and u.variant == uuid.RFC_4122 for u in ids[:100])
+    now_ms = int(datetime.datetime.now(datetime.UTC).timestamp() * 1000)
+    assert abs(uuid7_time_ms(ids[-1]) - now_ms) < 5_000

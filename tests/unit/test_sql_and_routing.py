@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+import relaybox
+from relaybox import InvalidTableNameError, Message, Target, UnknownTargetError
+from relaybox import sql
+from relaybox.core.identifiers import validate_table_name
+from relaybox.core.partitions import partition_for
+from relaybox.core.records import Routing
+from relaybox.sql.params import restyle, row_params
+from relaybox.storage.urls import DatabaseUrl
+
+
+@pytest.mark.parametrize("name", ["outbox", "app.outbox", "_x1"])
+def test_valid_table_names(name: str) -> None:
+    assert validate_table_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "Outbox", "a;drop", "a.b.c", "1abc", "x" * 42, "a b"])
+def test_invalid_table_names(name: str) -> None:
+    with pytest.raises(InvalidTableNameError):
+        validate_table_name(name)
+    with pytest.raises(InvalidTableNameError):
+        relaybox.Outbox(table=name)
+
+
+def test_restyle_between_parameter_styles() -> None:
+    assert restyle("a = $1 AND b LIKE '5%' AND c = $2", "numeric_dollar", "format") == (
+        "a = %s AND b LIKE '5%%' AND c = %s"
+    )
+    assert restyle("x = %s, y = '%%'", "format", "qmark") == "x = ?, y = '%'"
+    assert restyle("x = ?, y = ?", "qmark", "numeric_dollar") == "x = $1, y = $2"
+    with pytest.raises(ValueError, match="in order"):
+        restyle("$2, $1", "numeric_dollar", "qmark")
+
+
+@pytest.mark.parametrize("dialect", sql.DIALECTS)
+def test_every_dialect_has_the_queries_the_code_uses(dialect: sql.Dialect) -> None:
+    names = set(sql.queries(dialect, "t"))
+    assert "insert_one" in names
+    assert (
+        {"insert_many"} if dialect == "postgresql" else {"insert_values", "insert_row"}
+    ) <= names
+    assert sql.migrations(dialect, "t")[0][0] == 1
+    assert "CREATE TABLE" in sql.schema(dialect, "my_outbox")
+
+
+def test_rows_one_per_target_with_stable_partitions() -> None:
+    routing = Routing.of(["events", Target("partner", external=True)], ["events"], 16)
+    message = Message(topic="t", key="customer-1", targets=["events", "partner"])
+    rows = routing.rows([message, Message(topic="t")])
+    assert [(r[1], r[2]) for r in rows] == [("events", False), ("partner", True), ("events", False)]
+    assert rows[0][5] == rows[1][5] == partition_for("customer-1", message.id, 16)
+    assert partition_for("customer-1", uuid.uuid4(), 16) == rows[0][5]  # key, not id, decides
+    with pytest.raises(UnknownTargetError, match="known targets: events, partner"):
+        routing.rows([Message(topic="t", targets=["elsewhere"])])
+    with pytest.raises(UnknownTargetError):
+        Routing.of(["a"], ["b"], 4)
+
+
+def test_row_params_per_dialect() -> None:
+    (row,) = Routing().rows([Message(topic="t", delay=1.5)])
+    assert row_params("postgresql", row) == row
+    mysql = row_params("mysql", row)
+    assert mysql[0] == str(row[0]) and mysql[2] == 0 and mysql[-1] == 1_500_000
+    assert mysql[14].tzinfo is None
+    sqlite = row_params("sqlite", row)
+    assert isinstance(sqlite[14], str) and sqlite[-1] == 1.5
+
+
+def test_database_urls() -> None:
+    url = DatabaseUrl.parse("postgresql+psycopg://u:s%40cret@db:5433/app")
+    assert (url.dialect, url.driver, url.host, url.port, url.password) == (
+        "postgresql",
+        "psycopg",
+        "db",
+        5433,
+        "s@cret",
+    )
+    assert "s%40cret" not in url.masked and "***" in url.masked
+    assert url.libpq_dsn().startswith("postgresql://")
+    assert DatabaseUrl.parse("sqlite:///rel/x.db").database == "rel/x.db"
+    assert DatabaseUrl.parse("sqlite:////abs/x.db").database == "/abs/x.db"
+    with pytest.raises(relaybox.ConfigurationError, match="unsupported"):
+        DatabaseUrl.parse("oracle://x")
+
+
+def test_public_surface() -> None:
+    exported = set(relaybox.__all__)
+    assert {"Outbox", "Message", "Target", "RelayboxError", "OutboxStorage", "Status"} <= exported
+    assert all(hasattr(relaybox, name) for name in exported)
+    public = {n for n in vars(relaybox) if not n.startswith("_") and n[0].isupper()}
+    assert public <= exported, public - exported
