@@ -41,6 +41,7 @@ def drop(url: str, table: str) -> None:
         )
         try:
             with conn.cursor() as cursor:
+                cursor.execute("SET SESSION lock_wait_timeout = 10")  # never hang a teardown
                 for name in tables:
                     cursor.execute(f"DROP TABLE IF EXISTS {name}")
         finally:

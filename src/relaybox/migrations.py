@@ -139,7 +139,7 @@ async def migrate(db_url: str, *, table: str = DEFAULT_TABLE) -> MigrationReport
     latest = steps[-1][0] if steps else 0
     applied: list[int] = []
     async with _locked(url, table) as ddl:
-        await ddl.execute(sql.render(_TRACKING[dialect], table))
+        await ddl.execute(sql.render(_TRACKING[dialect], table, dialect))
         done = await ddl.versions(table)
         if done and max(done) > latest:
             raise SchemaError(
@@ -154,7 +154,7 @@ async def migrate(db_url: str, *, table: str = DEFAULT_TABLE) -> MigrationReport
     return MigrationReport(table, tuple(applied), latest)
 
 
-async def _apply(ddl: _Ddl, dialect: str, table: str, version: int, name: str, script: str) -> None:
+async def _apply(ddl: _Ddl, dialect: sql.Dialect, table: str, version: int, name: str, script: str) -> None:
     # PostgreSQL and SQLite run DDL in a transaction; MySQL commits each DDL statement
     # itself, so its migrations are written with IF NOT EXISTS to be safely re-runnable.
     transactional = dialect != "mysql"
@@ -165,7 +165,7 @@ async def _apply(ddl: _Ddl, dialect: str, table: str, version: int, name: str, s
             await ddl.execute("BEGIN")
         for statement in sql.statements(script):
             await ddl.execute(statement)
-        await ddl.execute(sql.render(_RECORD[dialect], table), [version, name])
+        await ddl.execute(sql.render(_RECORD[dialect], table, dialect), [version, name])
         if transactional:
             await ddl.execute("COMMIT")
     except Exception as exc:

@@ -94,3 +94,10 @@ def test_public_surface() -> None:
     assert all(hasattr(relaybox, name) for name in exported)
     public = {n for n in vars(relaybox) if not n.startswith("_") and n[0].isupper()}
     assert public <= exported, public - exported
+
+
+def test_schema_qualified_names_where_the_dialect_has_schemas() -> None:
+    assert "CREATE TABLE IF NOT EXISTS app.outbox" in sql.schema("postgresql", "app.outbox")
+    assert "app_outbox_live_ix" in sql.schema("postgresql", "app.outbox")
+    with pytest.raises(InvalidTableNameError, match="plain name"):
+        sql.schema("sqlite", "app.outbox")

@@ -12,6 +12,7 @@ import re
 from typing import Literal
 
 from relaybox.core.identifiers import index_prefix, validate_table_name
+from relaybox.errors import InvalidTableNameError
 
 Dialect = Literal["postgresql", "mysql", "sqlite"]
 DIALECTS: tuple[Dialect, ...] = ("postgresql", "mysql", "sqlite")
@@ -25,9 +26,11 @@ def _read(dialect: Dialect, *parts: str) -> str:
     return resource.read_text(encoding="utf-8")
 
 
-def render(sql: str, table: str) -> str:
+def render(sql: str, table: str, dialect: Dialect) -> str:
     """Put the (validated) table name and its derived prefix into SQL text."""
     table = validate_table_name(table)
+    if "." in table and dialect == "sqlite":
+        raise InvalidTableNameError(f"table {table!r}: SQLite tables take a plain name")
     return sql.replace("{table}", table).replace("{prefix}", index_prefix(table))
 
 
@@ -42,12 +45,12 @@ def _raw_queries(dialect: Dialect) -> dict[str, str]:
 @functools.cache
 def queries(dialect: Dialect, table: str) -> dict[str, str]:
     """The named queries of `dialect`, rendered for `table`."""
-    return {name: render(sql, table) for name, sql in _raw_queries(dialect).items()}
+    return {name: render(sql, table, dialect) for name, sql in _raw_queries(dialect).items()}
 
 
 def schema(dialect: Dialect, table: str) -> str:
     """The full, current DDL for `dialect`: what all migrations together produce."""
-    return render(_read(dialect, "schema.sql"), table)
+    return render(_read(dialect, "schema.sql"), table, dialect)
 
 
 def migrations(dialect: Dialect, table: str) -> list[tuple[int, str, str]]:
@@ -57,7 +60,7 @@ def migrations(dialect: Dialect, table: str) -> list[tuple[int, str, str]]:
     for entry in folder.iterdir():
         match = _MIGRATION_FILE.match(entry.name)
         if match:
-            found.append((int(match[1]), match[2], render(entry.read_text("utf-8"), table)))
+            found.append((int(match[1]), match[2], render(entry.read_text("utf-8"), table, dialect)))
     return sorted(found)
 
 

@@ -196,6 +196,8 @@ class PostgresStorage:
     async def purge(
         self, *, published_older_than: float, abandoned_older_than: float, batch_size: int = 500
     ) -> int:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
         total = 0
         for name, age in (("purge_published", published_older_than),
                           ("purge_abandoned", abandoned_older_than)):  # fmt: skip

@@ -1,0 +1,147 @@
+-- SQLite queries, `?` placeholders bound in the order they appear.
+-- Times: UTC text from strftime('%Y-%m-%d %H:%M:%f', 'now', <modifier>); a float of
+-- seconds becomes a modifier with printf('%+.3f seconds', ?) (NULL counts as 0).
+-- SQLite's clock ticks in milliseconds, so "expired" and "older than" are `<=` here:
+-- two statements in the same millisecond see the same now, where PostgreSQL's
+-- microsecond now() would already have moved on.
+-- Lists of seqs, partitions, targets and failures travel as one JSON array read with
+-- json_each, so every query has one fixed shape whatever the number of rows.
+
+-- name: insert_one
+-- id (uuid text), target, external (0/1), topic, key, partition, type, content_type,
+-- payload (bytes), headers (JSON text), correlation_id, causation_id, tenant_id,
+-- aggregate_id, occurred_at (UTC text 'YYYY-MM-DD HH:MM:SS.ffffff'), delay seconds.
+INSERT INTO {table} (id, target, external, topic, "key", "partition", type, content_type,
+    payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
+    available_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+    strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?)));
+
+-- name: insert_values
+-- Bulk insert: this prefix, then `insert_row` repeated and joined with ", ".
+INSERT INTO {table} (id, target, external, topic, "key", "partition", type, content_type,
+    payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
+    available_at)
+VALUES;
+
+-- name: insert_row
+(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+    strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?)));
+
+-- name: claim
+-- Run inside BEGIN IMMEDIATE, which serializes claims between processes.
+-- partitions JSON or NULL (twice), targets JSON or NULL (twice), limit, worker, token,
+-- lease seconds. Same rule as PostgreSQL: a candidate is dropped when an earlier live
+-- row of its (target, key) is not itself a candidate.
+WITH candidates AS MATERIALIZED (
+    SELECT seq, target, "key" FROM {table}
+    WHERE status IN ('pending', 'processing', 'failed')
+      AND CASE WHEN status = 'processing'
+               THEN locked_until <= strftime('%Y-%m-%d %H:%M:%f', 'now')
+               ELSE available_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') END
+      AND (? IS NULL OR "partition" IN (SELECT value FROM json_each(?)))
+      AND (? IS NULL OR target IN (SELECT value FROM json_each(?)))
+    ORDER BY seq
+    LIMIT ?
+), claimable AS (
+    SELECT c.seq FROM candidates c
+    WHERE c."key" IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {table} e
+        WHERE e.target = c.target AND e."key" = c."key" AND e.seq < c.seq
+          AND e.status IN ('pending', 'processing', 'failed')
+          AND e.seq NOT IN (SELECT x.seq FROM candidates x))
+)
+UPDATE {table}
+SET status = 'processing', locked_by = ?, lock_token = ?,
+    locked_until = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?))
+WHERE seq IN (SELECT seq FROM claimable)
+RETURNING seq, id, target, external, topic, "key", "partition", type, content_type,
+    payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
+    created_at, attempts;
+
+-- name: mark_published
+-- seqs JSON, token.
+UPDATE {table}
+SET status = 'published', published_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
+    locked_by = NULL, locked_until = NULL, lock_token = NULL
+WHERE seq IN (SELECT value FROM json_each(?)) AND lock_token = ? AND status = 'processing';
+
+-- name: delete_published
+-- seqs JSON, token.
+DELETE FROM {table}
+WHERE seq IN (SELECT value FROM json_each(?)) AND lock_token = ? AND status = 'processing';
+
+-- name: mark_failed
+-- failures JSON [[seq, error, retry_in], ...], token.
+UPDATE {table} AS o
+SET status = 'failed', attempts = o.attempts + 1, last_error = f.error,
+    available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', f.retry_in)),
+    locked_by = NULL, locked_until = NULL, lock_token = NULL
+FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS error,
+             json_extract(value, '$[2]') AS retry_in
+      FROM json_each(?)) AS f
+WHERE o.seq = f.seq AND o.lock_token = ? AND o.status = 'processing';
+
+-- name: abandon
+-- failures JSON [[seq, error], ...], token.
+UPDATE {table} AS o
+SET status = 'abandoned', attempts = o.attempts + 1, last_error = f.error,
+    abandoned_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
+    locked_by = NULL, locked_until = NULL, lock_token = NULL
+FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS error
+      FROM json_each(?)) AS f
+WHERE o.seq = f.seq AND o.lock_token = ? AND o.status = 'processing';
+
+-- name: release
+-- seqs JSON, token.
+UPDATE {table}
+SET status = 'pending', locked_by = NULL, locked_until = NULL, lock_token = NULL
+WHERE seq IN (SELECT value FROM json_each(?)) AND lock_token = ? AND status = 'processing';
+
+-- name: renew
+-- lease seconds, seqs JSON, token.
+UPDATE {table}
+SET locked_until = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?))
+WHERE seq IN (SELECT value FROM json_each(?)) AND lock_token = ? AND status = 'processing';
+
+-- name: recover_expired
+UPDATE {table}
+SET status = 'pending', locked_by = NULL, locked_until = NULL, lock_token = NULL
+WHERE status IN ('pending', 'processing', 'failed') AND status = 'processing'
+  AND locked_until <= strftime('%Y-%m-%d %H:%M:%f', 'now');
+
+-- name: purge_published
+-- age seconds, batch size.
+DELETE FROM {table} WHERE seq IN (
+    SELECT seq FROM {table}
+    WHERE status = 'published'
+      AND published_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -?))
+    ORDER BY published_at LIMIT ?);
+
+-- name: purge_abandoned
+-- age seconds, batch size.
+DELETE FROM {table} WHERE seq IN (
+    SELECT seq FROM {table}
+    WHERE status = 'abandoned'
+      AND abandoned_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -?))
+    ORDER BY abandoned_at LIMIT ?);
+
+-- name: replay
+-- seqs JSON.
+UPDATE {table}
+SET status = 'pending', attempts = 0, available_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
+    abandoned_at = NULL
+WHERE status = 'abandoned' AND seq IN (SELECT value FROM json_each(?));
+
+-- name: count_by_status
+SELECT status, count(*) FROM {table} GROUP BY status;
+
+-- name: oldest_pending_age
+SELECT (julianday('now') - julianday(min(available_at))) * 86400.0 FROM {table}
+WHERE status IN ('pending', 'processing', 'failed') AND status <> 'processing'
+  AND available_at <= strftime('%Y-%m-%d %H:%M:%f', 'now');
+
+-- name: active_leases
+SELECT count(*) FROM {table}
+WHERE status IN ('pending', 'processing', 'failed') AND status = 'processing'
+  AND locked_until > strftime('%Y-%m-%d %H:%M:%f', 'now');

@@ -1,0 +1,297 @@
+"""In-memory storage: the outbox table as Python objects, for tests and demos.
+
+It follows the SQL backends rule for rule (the conformance suite runs against all of
+them): the same claim order and per-(target, key) blocking, fenced marks, the same
+transitions and counters. Every operation runs under one `threading.Lock` with no
+await inside, so it is atomic for coroutines and for threads (an in-memory writer may
+insert from another thread). Times are floats from `clock`, injectable for tests.
+
+Like the SQLite backend, "expired" and "older than" include the boundary instant
+(`<=`): back-to-back operations can read the same clock value, where PostgreSQL's
+now() would already have moved on between transactions.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+import itertools
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+
+from relaybox.core.identifiers import DEFAULT_TABLE, validate_table_name
+from relaybox.core.lifecycle import LIVE_STATES, Status
+from relaybox.core.records import Claim, Failure, InsertRow, OutboxStats, StoredMessage
+from relaybox.errors import StorageIntegrityError
+from relaybox.storage.rows import as_utc
+
+Clock = Callable[[], float]
+#: Positions in `InsertRow` of the columns the SQL tables declare NOT NULL.
+_REQUIRED = {0: "id", 1: "target", 3: "topic", 5: "partition", 6: "type", 7: "content_type",
+             8: "payload", 9: "headers", 14: "occurred_at"}  # fmt: skip
+
+
+@dataclasses.dataclass(slots=True)
+class _Row:
+    """One outbox row; the mutable columns mirror the SQL table's."""
+
+    seq: int
+    id: uuid.UUID
+    target: str
+    external: bool
+    topic: str
+    key: str | None
+    partition: int
+    type: str
+    content_type: str
+    payload: bytes
+    headers: str
+    correlation_id: str | None
+    causation_id: str | None
+    tenant_id: str | None
+    aggregate_id: str | None
+    occurred_at: datetime.datetime
+    created_at: datetime.datetime
+    available_at: float
+    status: Status = Status.PENDING
+    attempts: int = 0
+    locked_by: str | None = None
+    locked_until: float | None = None
+    lock_token: str | None = None
+    published_at: float | None = None
+    abandoned_at: float | None = None
+    last_error: str | None = None
+
+    def due(self, now: float) -> bool:
+        if self.status is Status.PROCESSING:
+            return self.locked_until is not None and self.locked_until <= now
+        return self.status in LIVE_STATES and self.available_at <= now
+
+    def unlock(self, status: Status) -> None:
+        self.status = status
+        self.locked_by = self.locked_until = self.lock_token = None
+
+    def message(self) -> StoredMessage:
+        return StoredMessage(
+            seq=self.seq, id=self.id, target=self.target, external=self.external,
+            topic=self.topic, key=self.key, partition=self.partition, type=self.type,
+            content_type=self.content_type, payload=self.payload,
+            headers=json.loads(self.headers), correlation_id=self.correlation_id,
+            causation_id=self.causation_id, tenant_id=self.tenant_id,
+            aggregate_id=self.aggregate_id, occurred_at=self.occurred_at,
+            created_at=self.created_at, attempts=self.attempts,
+        )  # fmt: skip
+
+
+def _check(row: InsertRow) -> None:
+    """What the SQL backends' NOT NULL and JSON constraints reject."""
+    for position, name in _REQUIRED.items():
+        if row[position] is None:
+            raise StorageIntegrityError(f"memory: column {name!r} must not be NULL")
+    try:
+        json.loads(row[9])
+    except ValueError as exc:
+        raise StorageIntegrityError(f"memory: headers are not valid JSON: {exc}") from exc
+
+
+def _token(token: str) -> str:
+    """The canonical text of a lease token; a malformed one raises ValueError."""
+    return str(uuid.UUID(token))
+
+
+class MemoryStorage:
+    """The outbox table in process memory; `clock` gives epoch seconds (default time.time)."""
+
+    dialect = "memory"
+
+    def __init__(self, table: str = DEFAULT_TABLE, *, clock: Clock = time.time) -> None:
+        self.table = validate_table_name(table)
+        self._clock = clock
+        self._seqs = itertools.count(1)
+        self._rows: dict[int, _Row] = {}  # insertion order is seq order
+        self._lock = threading.Lock()
+
+    def insert(self, rows: Sequence[InsertRow]) -> list[int]:
+        """Insert rows at once (all or none) and return their seqs; usable from sync code."""
+        for row in rows:
+            _check(row)
+        with self._lock:
+            now = self._clock()
+            created = [self._new_row(row, now) for row in rows]
+            self._rows.update((r.seq, r) for r in created)
+        return [r.seq for r in created]
+
+    def _new_row(self, row: InsertRow, now: float) -> _Row:
+        (id_, target, external, topic, key, partition, type_, content_type, payload,
+         headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
+         delay) = row  # fmt: skip
+        return _Row(
+            next(self._seqs), id_, target, bool(external), topic, key, int(partition), type_,
+            content_type, bytes(payload), headers, correlation_id, causation_id, tenant_id,
+            aggregate_id, as_utc(occurred_at), datetime.datetime.fromtimestamp(now, datetime.UTC),
+            now + float(delay or 0.0),
+        )  # fmt: skip
+
+    async def write(self, rows: Sequence[InsertRow]) -> None:
+        self.insert(rows)
+
+    async def claim(
+        self,
+        worker: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        partitions: Sequence[int] | None = None,
+        targets: Sequence[str] | None = None,
+    ) -> Claim:
+        if limit < 0:
+            raise ValueError("limit must not be negative")
+        token = str(uuid.uuid4())
+        parts = None if partitions is None else frozenset(partitions)
+        names = None if targets is None else frozenset(targets)
+        with self._lock:
+            now = self._clock()
+            chosen = self._claimable(now, limit, parts, names)
+            for row in chosen:
+                row.status, row.locked_by, row.lock_token = Status.PROCESSING, worker, token
+                row.locked_until = now + float(lease_seconds)
+            messages = [row.message() for row in chosen]
+        return Claim(token=token, worker=worker, messages=messages)
+
+    def _claimable(
+        self, now: float, limit: int, parts: frozenset[int] | None, names: frozenset[str] | None
+    ) -> list[_Row]:
+        """The first `limit` due rows, less those behind a live row left out of them."""
+        blocked: set[tuple[str, str]] = set()
+        chosen: list[_Row] = []
+        candidates = 0
+        for row in self._rows.values():
+            if candidates >= limit:
+                break
+            if row.status not in LIVE_STATES:
+                continue
+            wanted = (parts is None or row.partition in parts) and (
+                names is None or row.target in names
+            )
+            if wanted and row.due(now):
+                candidates += 1
+                if row.key is None or (row.target, row.key) not in blocked:
+                    chosen.append(row)
+            elif row.key is not None:
+                blocked.add((row.target, row.key))
+        return chosen
+
+    def _held(self, token: str, seqs: Iterable[int]) -> list[_Row]:
+        """Rows among `seqs` still leased under `token` (each once); call under the lock."""
+        token = _token(token)
+        found = (self._rows.get(seq) for seq in dict.fromkeys(seqs))
+        return [r for r in found if r and r.lock_token == token and r.status is Status.PROCESSING]
+
+    async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
+        with self._lock:
+            now, held = self._clock(), self._held(token, seqs)
+            for row in held:
+                if delete:
+                    del self._rows[row.seq]
+                else:
+                    row.unlock(Status.PUBLISHED)
+                    row.published_at = now
+        return len(held)
+
+    async def mark_failed(self, token: str, failures: Sequence[Failure]) -> int:
+        with self._lock:
+            now, count = self._clock(), 0
+            for failure in failures:
+                for row in self._held(token, [failure.seq]):
+                    row.unlock(Status.FAILED)
+                    row.attempts += 1
+                    row.last_error = failure.error
+                    row.available_at = now + float(failure.retry_in)
+                    count += 1
+        return count
+
+    async def abandon(self, token: str, failures: Sequence[Failure]) -> int:
+        with self._lock:
+            now, count = self._clock(), 0
+            for failure in failures:
+                for row in self._held(token, [failure.seq]):
+                    row.unlock(Status.ABANDONED)
+                    row.attempts += 1
+                    row.last_error = failure.error
+                    row.abandoned_at = now
+                    count += 1
+        return count
+
+    async def release(self, token: str, seqs: Sequence[int]) -> int:
+        with self._lock:
+            held = self._held(token, seqs)
+            for row in held:
+                row.unlock(Status.PENDING)
+        return len(held)
+
+    async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
+        with self._lock:
+            now, held = self._clock(), self._held(token, seqs)
+            for row in held:
+                row.locked_until = now + float(lease_seconds)
+        return len(held)
+
+    async def recover_expired(self) -> int:
+        with self._lock:
+            now = self._clock()
+            expired = [r for r in self._rows.values()
+                       if r.status is Status.PROCESSING and r.due(now)]  # fmt: skip
+            for row in expired:
+                row.unlock(Status.PENDING)
+        return len(expired)
+
+    async def purge(
+        self, *, published_older_than: float, abandoned_older_than: float, batch_size: int = 500
+    ) -> int:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        with self._lock:
+            now = self._clock()
+            published = now - float(published_older_than)
+            abandoned = now - float(abandoned_older_than)
+            old = [
+                seq for seq, r in self._rows.items() if _finished_before(r, published, abandoned)
+            ]
+            for seq in old:
+                del self._rows[seq]
+        return len(old)
+
+    async def replay(self, seqs: Sequence[int]) -> int:
+        with self._lock:
+            now = self._clock()
+            found = (self._rows.get(seq) for seq in dict.fromkeys(seqs))
+            rows = [r for r in found if r and r.status is Status.ABANDONED]
+            for row in rows:
+                row.status, row.attempts, row.available_at = Status.PENDING, 0, now
+                row.abandoned_at = None
+        return len(rows)
+
+    async def stats(self) -> OutboxStats:
+        with self._lock:
+            now, rows = self._clock(), self._rows.values()
+            counts = collections.Counter(r.status for r in rows)
+            waiting = [r.available_at for r in rows
+                       if r.status in (Status.PENDING, Status.FAILED) and r.due(now)]  # fmt: skip
+            leases = sum(1 for r in rows if r.status is Status.PROCESSING and not r.due(now))
+        oldest = now - min(waiting) if waiting else None
+        return OutboxStats(counts=dict(counts), oldest_pending_age=oldest, active_leases=leases)
+
+    async def close(self) -> None:
+        """Nothing to release; the rows stay, as a database outlives its connections."""
+
+
+def _finished_before(row: _Row, published: float, abandoned: float) -> bool:
+    if row.status is Status.PUBLISHED:
+        return row.published_at is not None and row.published_at <= published
+    if row.status is Status.ABANDONED:
+        return row.abandoned_at is not None and row.abandoned_at <= abandoned
+    return False

@@ -1,0 +1,255 @@
+"""SQLite storage for the relay, over aiosqlite.
+
+One connection, owned by the storage, in autocommit mode (`isolation_level=None`):
+each mark is one statement, and the claim runs in `BEGIN IMMEDIATE`, which takes the
+database's write lock before reading, so relay processes sharing one file claim one
+after another and never hand out the same row twice. WAL lets writers and readers
+overlap; `busy_timeout` makes a waiting process queue for the lock instead of failing.
+
+Lists (seqs, partitions, targets, failures) are bound as one JSON array and read with
+`json_each`, so every query has a fixed shape; only the bulk insert repeats its row
+placeholder, and never a value, into SQL text. Needs SQLite 3.35 (RETURNING).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import sqlite3
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import aiosqlite
+
+from relaybox import sql
+from relaybox.core.identifiers import DEFAULT_TABLE
+from relaybox.core.lifecycle import Status
+from relaybox.core.records import Claim, Failure, InsertRow, OutboxStats
+from relaybox.errors import (
+    SchemaError,
+    StorageError,
+    StorageIntegrityError,
+    StorageOperationalError,
+)
+from relaybox.storage.rows import by_seq
+from relaybox.storage.urls import DatabaseUrl
+
+#: SQLite's default cap on bound parameters (SQLITE_MAX_VARIABLE_NUMBER since 3.32).
+MAX_PARAMETERS = 32766
+_ROW_PARAMETERS = 16
+_ROWS_PER_INSERT = (MAX_PARAMETERS - 1) // _ROW_PARAMETERS
+BUSY_TIMEOUT_MS = 5000
+
+
+def translate(exc: BaseException) -> StorageError:
+    """Map sqlite3 errors onto relaybox's storage branch."""
+    text = f"SQLite: {exc}"
+    if isinstance(exc, sqlite3.IntegrityError):
+        return StorageIntegrityError(text)
+    if isinstance(exc, sqlite3.OperationalError):
+        if "no such table" in str(exc):
+            return SchemaError(text)
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_ERROR:
+            return StorageError(text)  # SQL the database cannot run: retrying will not help
+        return StorageOperationalError(text)  # locked, busy, I/O, cannot open
+    if isinstance(exc, OSError):
+        return StorageOperationalError(text)
+    return StorageError(text)
+
+
+def utc_text(value: datetime.datetime) -> str:
+    """A datetime as the UTC text the table stores (naive means UTC)."""
+    if value.tzinfo is not None:
+        value = value.astimezone(datetime.UTC)
+    return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def encode_row(row: InsertRow) -> tuple[Any, ...]:
+    """An `InsertRow` as SQLite parameters, in INSERT_COLUMNS order."""
+    (id_, target, external, topic, key, partition, type_, content_type, payload, headers,
+     correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, delay) = row  # fmt: skip
+    return (str(id_), target, int(external), topic, key, partition, type_, content_type,
+            bytes(payload), headers, correlation_id, causation_id, tenant_id, aggregate_id,
+            utc_text(occurred_at), float(delay))  # fmt: skip
+
+
+def _json(values: Sequence[Any] | None) -> str | None:
+    return None if values is None else json.dumps(list(values))
+
+
+def _token(token: str) -> str:
+    """The canonical text of a lease token; a malformed one raises ValueError."""
+    return str(uuid.UUID(token))
+
+
+class SQLiteStorage:
+    """The outbox table in an SQLite file, through one connection the storage owns."""
+
+    dialect = "sqlite"
+
+    def __init__(self, url: DatabaseUrl, *, table: str = DEFAULT_TABLE) -> None:
+        self.table = table
+        self._url = url
+        self._queries = sql.queries("sqlite", table)
+        self._connection: aiosqlite.Connection | None = None
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def connect(cls, url: DatabaseUrl | str, *, table: str = DEFAULT_TABLE) -> SQLiteStorage:
+        storage = cls(DatabaseUrl.parse(url) if isinstance(url, str) else url, table=table)
+        async with storage._lock:
+            await storage._connected()
+        return storage
+
+    async def _connected(self) -> aiosqlite.Connection:
+        if self._connection is None:
+            try:
+                self._connection = await self._open()
+            except (sqlite3.Error, OSError) as exc:
+                raise translate(exc) from exc
+        return self._connection
+
+    async def _open(self) -> aiosqlite.Connection:
+        connection = await aiosqlite.connect(self._url.database, isolation_level=None)
+        try:
+            await connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            await connection.execute("PRAGMA journal_mode = WAL")
+            await connection.execute("PRAGMA synchronous = NORMAL")
+        except BaseException:
+            await connection.close()
+            raise
+        return connection
+
+    async def create_schema(self) -> None:
+        """Create the table and indexes if missing (tests, tools, `:memory:` databases)."""
+        statements = sql.statements(sql.schema("sqlite", self.table))
+        async with self._lock:
+            connection = await self._connected()
+            await self._transaction(connection, [(s, ()) for s in statements])
+
+    async def _execute(self, name: str, args: Sequence[Any]) -> int:
+        async with self._lock:
+            connection = await self._connected()
+            try:
+                async with connection.execute(self._queries[name], args) as cursor:
+                    return cursor.rowcount
+            except sqlite3.Error as exc:
+                raise translate(exc) from exc
+
+    async def _fetch(self, name: str, args: Sequence[Any] = ()) -> list[Sequence[Any]]:
+        async with self._lock:
+            connection = await self._connected()
+            try:
+                return list(await connection.execute_fetchall(self._queries[name], args))
+            except sqlite3.Error as exc:
+                raise translate(exc) from exc
+
+    async def _transaction(
+        self, connection: aiosqlite.Connection, steps: Sequence[tuple[str, Sequence[Any]]]
+    ) -> list[Sequence[Any]]:
+        """Run `steps` in one BEGIN IMMEDIATE transaction; rows of the last step."""
+        found: list[Sequence[Any]] = []
+        try:
+            await connection.execute("BEGIN IMMEDIATE")
+            for query, args in steps:
+                found = list(await connection.execute_fetchall(query, args))
+            await connection.execute("COMMIT")
+        except BaseException as exc:
+            await _rollback(connection)
+            if isinstance(exc, sqlite3.Error):
+                raise translate(exc) from exc
+            raise
+        return found
+
+    async def write(self, rows: Sequence[InsertRow]) -> None:
+        encoded = [encode_row(row) for row in rows]
+        steps = [self._insert(encoded[i : i + _ROWS_PER_INSERT])
+                 for i in range(0, len(encoded), _ROWS_PER_INSERT)]  # fmt: skip
+        if steps:
+            async with self._lock:
+                await self._transaction(await self._connected(), steps)
+
+    def _insert(self, rows: Sequence[tuple[Any, ...]]) -> tuple[str, list[Any]]:
+        values = ", ".join([self._queries["insert_row"]] * len(rows))
+        return f"{self._queries['insert_values']} {values}", [v for row in rows for v in row]
+
+    async def claim(
+        self,
+        worker: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        partitions: Sequence[int] | None = None,
+        targets: Sequence[str] | None = None,
+    ) -> Claim:
+        if limit < 0:
+            raise ValueError("limit must not be negative")
+        token = str(uuid.uuid4())
+        parts, names = _json(partitions), _json(targets)
+        args = [parts, parts, names, names, limit, worker, token, float(lease_seconds)]
+        async with self._lock:
+            connection = await self._connected()
+            found = await self._transaction(connection, [(self._queries["claim"], args)])
+        return Claim(token=token, worker=worker, messages=by_seq(found))
+
+    async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
+        name = "delete_published" if delete else "mark_published"
+        return await self._execute(name, [_json(seqs), _token(token)])
+
+    async def mark_failed(self, token: str, failures: Sequence[Failure]) -> int:
+        rows = [[f.seq, f.error, float(f.retry_in)] for f in failures]
+        return await self._execute("mark_failed", [json.dumps(rows), _token(token)])
+
+    async def abandon(self, token: str, failures: Sequence[Failure]) -> int:
+        rows = [[f.seq, f.error] for f in failures]
+        return await self._execute("abandon", [json.dumps(rows), _token(token)])
+
+    async def release(self, token: str, seqs: Sequence[int]) -> int:
+        return await self._execute("release", [_json(seqs), _token(token)])
+
+    async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
+        return await self._execute("renew", [float(lease_seconds), _json(seqs), _token(token)])
+
+    async def recover_expired(self) -> int:
+        return await self._execute("recover_expired", [])
+
+    async def purge(
+        self, *, published_older_than: float, abandoned_older_than: float, batch_size: int = 500
+    ) -> int:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        total = 0
+        for name, age in (("purge_published", published_older_than),
+                          ("purge_abandoned", abandoned_older_than)):  # fmt: skip
+            while True:
+                deleted = await self._execute(name, [float(age), batch_size])
+                total += deleted
+                if deleted < batch_size:
+                    break
+        return total
+
+    async def replay(self, seqs: Sequence[int]) -> int:
+        return await self._execute("replay", [_json(seqs)])
+
+    async def stats(self) -> OutboxStats:
+        counts = {Status(status): int(n) for status, n in await self._fetch("count_by_status")}
+        ((age,),) = await self._fetch("oldest_pending_age")
+        ((leases,),) = await self._fetch("active_leases")
+        age = None if age is None else max(0.0, float(age))
+        return OutboxStats(counts=counts, oldest_pending_age=age, active_leases=int(leases))
+
+    async def close(self) -> None:
+        async with self._lock:
+            connection, self._connection = self._connection, None
+            if connection is not None:
+                await connection.close()
+
+
+async def _rollback(connection: aiosqlite.Connection) -> None:
+    """Roll back if a transaction is open; queued after a statement still running."""
+    # Fails harmlessly when no transaction was active or the connection is gone.
+    with contextlib.suppress(sqlite3.Error, ValueError):
+        await connection.execute("ROLLBACK")
