@@ -42,9 +42,9 @@ def _write_orders(db: Path, orders: int, outbox: Outbox) -> tuple[set[str], set[
             order_id, customer = f"order-{n:05d}", f"customer-{rng.randrange(20):02d}"
             conn.execute("INSERT INTO orders VALUES (?, ?, ?)", (order_id, customer, n * 1.5))
             events = [
-                Message(topic="orders", key=customer, type="OrderPlaced", payload={"order": order_id}),
-                Message(topic="orders", key=customer, type="OrderPriced", payload={"order": order_id, "total": n * 1.5}),
-            ]  # fmt: skip
+                Message(topic="orders", key=customer, type=kind, payload={"order": order_id})
+                for kind in ("OrderPlaced", "OrderPriced")
+            ]
             outbox.add(conn, events)
             if rng.random() < 0.1:  # the business logic changes its mind: nothing may leak
                 conn.rollback()

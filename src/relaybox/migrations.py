@@ -154,7 +154,9 @@ async def migrate(db_url: str, *, table: str = DEFAULT_TABLE) -> MigrationReport
     return MigrationReport(table, tuple(applied), latest)
 
 
-async def _apply(ddl: _Ddl, dialect: sql.Dialect, table: str, version: int, name: str, script: str) -> None:
+async def _apply(
+    ddl: _Ddl, dialect: sql.Dialect, table: str, version: int, name: str, script: str
+) -> None:
     # PostgreSQL and SQLite run DDL in a transaction; MySQL commits each DDL statement
     # itself, so its migrations are written with IF NOT EXISTS to be safely re-runnable.
     transactional = dialect != "mysql"

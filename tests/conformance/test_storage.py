@@ -294,3 +294,22 @@ async def test_concurrent_claimers_never_share_a_row(backend: Backend) -> None:
     await asyncio.wait_for(asyncio.gather(*(drain(i) for i in range(4))), timeout=60)
     assert len(seen) == 120
     assert len(set(seen)) == 120
+
+
+async def test_a_blocked_key_does_not_use_up_the_claim_limit(backend: Backend) -> None:
+    # Head-of-line: many rows wait behind a failing head; other keys must still flow.
+    await write(backend, *[msg("bad") for _ in range(6)], msg("good"), msg(None))
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
+    (head,) = claim.messages
+    await backend.storage.mark_failed(claim.token, [Failure(head.seq, "nope", 60)])
+    rest = await backend.storage.claim("w1", limit=2, lease_seconds=LEASE)
+    assert [m.key for m in rest.messages] == ["good", None]
+
+
+async def test_a_key_leased_elsewhere_does_not_use_up_the_claim_limit(backend: Backend) -> None:
+    await write(backend, *[msg("busy") for _ in range(4)], msg("free"))
+    first = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
+    assert [m.key for m in first.messages] == ["busy"]
+    other = await backend.another()
+    second = await other.claim("w2", limit=1, lease_seconds=LEASE)
+    assert [m.key for m in second.messages] == ["free"]

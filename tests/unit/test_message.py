@@ -96,7 +96,7 @@ def test_targets() -> None:
 
 def test_other_fields() -> None:
     with pytest.raises(MessageError, match="timezone-aware"):
-        Message(topic="t", occurred_at=datetime.datetime(2026, 1, 1))  # noqa: DTZ001
+        Message(topic="t", occurred_at=datetime.datetime(2026, 1, 1))
     with pytest.raises(MessageError, match="negative"):
         Message(topic="t", delay=-1)
     assert Message(topic="t", delay=datetime.timedelta(seconds=90)).delay_seconds == 90

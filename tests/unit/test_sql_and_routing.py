@@ -5,8 +5,7 @@ import uuid
 import pytest
 
 import relaybox
-from relaybox import InvalidTableNameError, Message, Target, UnknownTargetError
-from relaybox import sql
+from relaybox import InvalidTableNameError, Message, Target, UnknownTargetError, sql
 from relaybox.core.identifiers import validate_table_name
 from relaybox.core.partitions import partition_for
 from relaybox.core.records import Routing
@@ -65,10 +64,13 @@ def test_row_params_per_dialect() -> None:
     (row,) = Routing().rows([Message(topic="t", delay=1.5)])
     assert row_params("postgresql", row) == row
     mysql = row_params("mysql", row)
-    assert mysql[0] == str(row[0]) and mysql[2] == 0 and mysql[-1] == 1_500_000
+    assert mysql[0] == str(row[0])
+    assert mysql[2] == 0
+    assert mysql[-1] == 1_500_000
     assert mysql[14].tzinfo is None
     sqlite = row_params("sqlite", row)
-    assert isinstance(sqlite[14], str) and sqlite[-1] == 1.5
+    assert isinstance(sqlite[14], str)
+    assert sqlite[-1] == 1.5
 
 
 def test_database_urls() -> None:
@@ -80,7 +82,8 @@ def test_database_urls() -> None:
         5433,
         "s@cret",
     )
-    assert "s%40cret" not in url.masked and "***" in url.masked
+    assert "s%40cret" not in url.masked
+    assert "***" in url.masked
     assert url.libpq_dsn().startswith("postgresql://")
     assert DatabaseUrl.parse("sqlite:///rel/x.db").database == "rel/x.db"
     assert DatabaseUrl.parse("sqlite:////abs/x.db").database == "/abs/x.db"

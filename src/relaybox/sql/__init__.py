@@ -60,7 +60,9 @@ def migrations(dialect: Dialect, table: str) -> list[tuple[int, str, str]]:
     for entry in folder.iterdir():
         match = _MIGRATION_FILE.match(entry.name)
         if match:
-            found.append((int(match[1]), match[2], render(entry.read_text("utf-8"), table, dialect)))
+            found.append(
+                (int(match[1]), match[2], render(entry.read_text("utf-8"), table, dialect))
+            )
     return sorted(found)
 
 

@@ -165,7 +165,13 @@ class MemoryStorage:
     def _claimable(
         self, now: float, limit: int, parts: frozenset[int] | None, names: frozenset[str] | None
     ) -> list[_Row]:
-        """The first `limit` due rows, less those behind a live row left out of them."""
+        """The first `limit` due rows in seq order, as the SQL claims choose them.
+
+        Rows behind a live head of their (target, key) that is not due or is leased are
+        passed over without counting against `limit`; a due candidate behind a live row
+        left out for another reason (the filters) is counted but not handed out.
+        """
+        held: set[tuple[str, str]] = set()
         blocked: set[tuple[str, str]] = set()
         chosen: list[_Row] = []
         candidates = 0
@@ -174,15 +180,21 @@ class MemoryStorage:
                 break
             if row.status not in LIVE_STATES:
                 continue
+            key = None if row.key is None else (row.target, row.key)
+            if key is not None and key in held:
+                continue
             wanted = (parts is None or row.partition in parts) and (
                 names is None or row.target in names
             )
-            if wanted and row.due(now):
+            if not row.due(now):
+                if key is not None:
+                    held.add(key)
+            elif wanted:
                 candidates += 1
-                if row.key is None or (row.target, row.key) not in blocked:
+                if key is None or key not in blocked:
                     chosen.append(row)
-            elif row.key is not None:
-                blocked.add((row.target, row.key))
+            elif key is not None:
+                blocked.add(key)
         return chosen
 
     def _held(self, token: str, seqs: Iterable[int]) -> list[_Row]:

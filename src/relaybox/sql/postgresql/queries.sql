@@ -23,13 +23,21 @@ FROM unnest($1::uuid[], $2::text[], $3::boolean[], $4::text[], $5::text[], $6::i
 -- $1 worker, $2 limit, $3 partitions or NULL, $4 targets or NULL, $5 token, $6 lease s.
 -- A row is claimable when it is due and no earlier live row of its (target, key) stays
 -- behind: rows another worker holds (skipped, locked) or that are not due block the key.
+-- Rows behind a head that is not due or is leased elsewhere are skipped inside the scan,
+-- so a key with a long blocked backlog never uses up the limit for the other keys.
 WITH candidates AS (
-    SELECT seq, target, key FROM {table}
+    SELECT seq, target, key FROM {table} o
     WHERE status IN ('pending', 'processing', 'failed')
       AND CASE WHEN status = 'processing' THEN locked_until < now()
                ELSE available_at <= now() END
       AND ($3::integer[] IS NULL OR partition = ANY($3::integer[]))
       AND ($4::text[] IS NULL OR target = ANY($4::text[]))
+      AND (key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM {table} h
+          WHERE h.target = o.target AND h.key = o.key AND h.seq < o.seq
+            AND h.key IS NOT NULL AND h.status IN ('pending', 'processing', 'failed')
+            AND CASE WHEN h.status = 'processing' THEN h.locked_until >= now()
+                     ELSE h.available_at > now() END))
     ORDER BY seq
     LIMIT $2
     FOR UPDATE SKIP LOCKED

@@ -33,14 +33,23 @@ VALUES;
 -- partitions JSON or NULL (twice), targets JSON or NULL (twice), limit, worker, token,
 -- lease seconds. Same rule as PostgreSQL: a candidate is dropped when an earlier live
 -- row of its (target, key) is not itself a candidate.
+-- Rows behind a head that is not due or is leased are skipped inside the scan, so a
+-- key with a long blocked backlog never uses up the limit for the other keys.
 WITH candidates AS MATERIALIZED (
-    SELECT seq, target, "key" FROM {table}
+    SELECT seq, target, "key" FROM {table} o
     WHERE status IN ('pending', 'processing', 'failed')
       AND CASE WHEN status = 'processing'
                THEN locked_until <= strftime('%Y-%m-%d %H:%M:%f', 'now')
                ELSE available_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') END
       AND (? IS NULL OR "partition" IN (SELECT value FROM json_each(?)))
       AND (? IS NULL OR target IN (SELECT value FROM json_each(?)))
+      AND ("key" IS NULL OR NOT EXISTS (
+          SELECT 1 FROM {table} h
+          WHERE h.target = o.target AND h."key" = o."key" AND h.seq < o.seq
+            AND h."key" IS NOT NULL AND h.status IN ('pending', 'processing', 'failed')
+            AND CASE WHEN h.status = 'processing'
+                     THEN h.locked_until > strftime('%Y-%m-%d %H:%M:%f', 'now')
+                     ELSE h.available_at > strftime('%Y-%m-%d %H:%M:%f', 'now') END))
     ORDER BY seq
     LIMIT ?
 ), claimable AS (
