@@ -120,3 +120,19 @@ def test_uuid7_is_monotonic_and_time_ordered() -> None:
     assert all(u.version == 7 and u.variant == uuid.RFC_4122 for u in ids[:100])
     now_ms = int(datetime.datetime.now(datetime.UTC).timestamp() * 1000)
     assert abs(uuid7_time_ms(ids[-1]) - now_ms) < 5_000
+
+
+def test_circular_payload_is_reported_not_crashed() -> None:
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises(PayloadNotSerializableError):
+        Message(topic="t", payload=loop)
+
+
+def test_uuid7_values_behave_like_any_uuid() -> None:
+    import pickle
+
+    value = uuid7()
+    assert uuid.UUID(str(value)) == value
+    assert hash(uuid.UUID(str(value))) == hash(value)
+    assert pickle.loads(pickle.dumps(value)) == value

@@ -102,16 +102,20 @@ class Message:
         self.payload = payload
         self.key = key
         self.type: str = type or topic
-        self.headers = _checked_headers(headers)
-        self.correlation_id = _optional_str(correlation_id)
-        self.causation_id = _optional_str(causation_id)
-        self.tenant_id = _optional_str(tenant_id)
-        self.aggregate_id = _optional_str(aggregate_id)
+        # The common case (no headers, ids, targets or delay) skips the helpers: this
+        # runs inside the caller's transaction, once per message.
+        self.headers = {} if headers is None else _checked_headers(headers)
+        self.correlation_id = None if correlation_id is None else _short_str(correlation_id)
+        self.causation_id = None if causation_id is None else _short_str(causation_id)
+        self.tenant_id = None if tenant_id is None else _short_str(tenant_id)
+        self.aggregate_id = None if aggregate_id is None else _short_str(aggregate_id)
         self.targets: tuple[Target, ...] | None = (
             None if targets is None else _checked_targets(targets)
         )
-        self.delay_seconds = _delay_seconds(delay)
-        self.occurred_at = _aware(occurred_at) if occurred_at is not None else _utcnow()
+        self.delay_seconds = 0.0 if delay is None else _delay_seconds(delay)
+        self.occurred_at = _utcnow() if occurred_at is None else _aware(occurred_at)
+        if len(self.type) > _MAX_TOPIC or len(self.content_type or "") > _MAX_TOPIC:
+            raise MessageError(f"type and content_type are limited to {_MAX_TOPIC} characters")
 
     def __repr__(self) -> str:
         return (
@@ -126,8 +130,11 @@ class Message:
         return hash(self.id)
 
 
-def _optional_str(value: object) -> str | None:
-    return None if value is None else str(value)
+def _short_str(value: object) -> str:
+    text = str(value)
+    if len(text) > _MAX_KEY:
+        raise MessageError(f"ids are limited to {_MAX_KEY} characters: {text[:40]}...")
+    return text
 
 
 def _checked_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
@@ -158,9 +165,7 @@ def _checked_targets(targets: Any) -> tuple[Target, ...]:
     return resolved
 
 
-def _delay_seconds(delay: datetime.timedelta | float | None) -> float:
-    if delay is None:
-        return 0.0
+def _delay_seconds(delay: datetime.timedelta | float) -> float:
     seconds = delay.total_seconds() if isinstance(delay, datetime.timedelta) else float(delay)
     if seconds < 0:
         raise MessageError("delay must not be negative")

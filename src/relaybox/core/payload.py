@@ -8,6 +8,7 @@ import decimal
 import enum
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from relaybox.errors import PayloadNotSerializableError, PayloadTooLargeError
@@ -37,6 +38,43 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
+def _make_json_encoder() -> Callable[[Any], str]:
+    """A compact, NaN-rejecting JSON encoder, built once.
+
+    `json.dumps` and `JSONEncoder.encode` build a new C encoder on every call, which
+    showed up as a measurable share of a writer transaction (docs/benchmarks.md).
+    Without circular-reference markers the C encoder is reusable, so build it once;
+    a circular payload then fails with RecursionError, which is reported as not
+    serialisable like any other bad payload.
+    """
+    c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+    if c_make_encoder is None:  # an interpreter without the C accelerator
+        return json.JSONEncoder(
+            default=_json_default, separators=(",", ":"), allow_nan=False
+        ).encode
+    encoder = c_make_encoder(
+        None,
+        _json_default,
+        json.encoder.encode_basestring_ascii,
+        None,
+        ":",
+        ",",
+        False,
+        False,
+        False,
+    )
+
+    def encode(value: Any) -> str:
+        if isinstance(value, str):
+            return json.encoder.encode_basestring_ascii(value)
+        return "".join(encoder(value, 0))
+
+    return encode
+
+
+_encode_json = _make_json_encoder()
+
+
 def encode_payload(payload: Any, content_type: str | None) -> tuple[bytes, str]:
     """Encode `payload`: bytes pass through, str becomes UTF-8, anything else JSON."""
     if isinstance(payload, bytes | bytearray | memoryview):
@@ -44,9 +82,7 @@ def encode_payload(payload: Any, content_type: str | None) -> tuple[bytes, str]:
     if isinstance(payload, str):
         return payload.encode("utf-8"), content_type or TEXT
     try:
-        body = json.dumps(
-            payload, default=_json_default, separators=(",", ":"), allow_nan=False
-        ).encode("utf-8")
+        body = _encode_json(payload).encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadNotSerializableError(
             f"payload of type {type(payload).__name__} cannot be serialised to JSON: {exc}; "

@@ -35,6 +35,11 @@ class Routing:
     )
     default_targets: tuple[str, ...] = (DEFAULT_TARGET,)
     partitions: int = DEFAULT_PARTITIONS
+    _defaults: tuple[Target, ...] = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        defaults = tuple(self.targets[name] for name in self.default_targets)
+        object.__setattr__(self, "_defaults", defaults)
 
     @classmethod
     def of(
@@ -55,7 +60,7 @@ class Routing:
 
     def resolve(self, message: Message) -> tuple[Target, ...]:
         if message.targets is None:
-            return tuple(self.targets[name] for name in self.default_targets)
+            return self._defaults
         resolved = []
         for target in message.targets:
             known = self.targets.get(target.name)
@@ -74,7 +79,9 @@ class Routing:
             if not isinstance(message, Message):
                 raise MessageError(f"expected relaybox.Message, got {type(message).__name__}")
             partition = partition_for(message.key, message.id, self.partitions)
-            headers = json.dumps(message.headers, separators=(",", ":"))
+            headers = (
+                json.dumps(message.headers, separators=(",", ":")) if message.headers else "{}"
+            )
             for target in self.resolve(message):
                 rows.append((
                     message.id, target.name, target.external, message.topic, message.key,

@@ -7,7 +7,9 @@ it never begins, commits, rolls back or closes anything.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -81,7 +83,24 @@ def _django(connection: Any) -> Channel:
     return Channel(dialect, "format", execute)  # Django's cursors all take %s
 
 
+_sync_channels: weakref.WeakKeyDictionary[Any, Channel] = weakref.WeakKeyDictionary()
+
+
 def sync_channel(connection: Any) -> Channel:
+    """The channel for `connection`, remembered while the connection lives."""
+    try:
+        return _sync_channels[connection]
+    except (KeyError, TypeError):  # TypeError: not weak-referenceable
+        pass
+    channel = _make_sync_channel(connection)
+    # A Session hands out a new Connection per transaction: resolve it every time.
+    if type(connection).__name__ not in ("Session", "scoped_session"):
+        with contextlib.suppress(TypeError):
+            _sync_channels[connection] = channel
+    return channel
+
+
+def _make_sync_channel(connection: Any) -> Channel:
     root = _root(connection)
     if root == "sqlite3":
         return Channel("sqlite", "qmark", _dbapi(connection))

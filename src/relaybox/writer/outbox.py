@@ -45,9 +45,10 @@ class Outbox:
     def rows(self, messages: Message | Iterable[Message]) -> tuple[list[Message], list[InsertRow]]:
         """Validate `messages` against this outbox and turn them into rows; no I/O."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
+        limit = self.max_payload_bytes
         for message in batch:
-            if isinstance(message, Message):
-                check_size(message.body, self.max_payload_bytes)
+            if isinstance(message, Message) and len(message.body) > limit:
+                check_size(message.body, limit)
         return batch, self.routing.rows(batch)
 
     def add(self, connection: Any, messages: Message | Iterable[Message]) -> list[Message]:

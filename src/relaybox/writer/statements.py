@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from relaybox import sql
@@ -33,15 +33,21 @@ def _text(dialect: str, table: str, style: ParamStyle, name: str, rows: int = 1)
 
 def inserts(
     dialect: str, table: str, style: ParamStyle, rows: Sequence[InsertRow]
-) -> Iterator[Statement]:
+) -> list[Statement]:
     """The statements that write `rows`: one for a single row, one per chunk for many."""
     if len(rows) == 1:
-        yield Statement(_text(dialect, table, style, "insert_one"), row_params(dialect, rows[0]))
-    elif dialect == "postgresql":
+        row = rows[0]
+        if dialect == "postgresql" and not row[-1]:  # no delay: available_at = now()
+            return [Statement(_text(dialect, table, style, "insert_one_now"), row[:-1])]
+        return [Statement(_text(dialect, table, style, "insert_one"), row_params(dialect, row))]
+    if dialect == "postgresql":
         columns = [list(column) for column in zip(*rows, strict=True)]
-        yield Statement(_text(dialect, table, style, "insert_many"), columns)
-    else:
-        for start in range(0, len(rows), CHUNK_ROWS):
-            chunk = rows[start : start + CHUNK_ROWS]
-            params = [value for row in chunk for value in row_params(dialect, row)]
-            yield Statement(_text(dialect, table, style, "insert_values", len(chunk)), params)
+        return [Statement(_text(dialect, table, style, "insert_many"), columns)]
+    statements = []
+    for start in range(0, len(rows), CHUNK_ROWS):
+        chunk = rows[start : start + CHUNK_ROWS]
+        params = [value for row in chunk for value in row_params(dialect, row)]
+        statements.append(
+            Statement(_text(dialect, table, style, "insert_values", len(chunk)), params)
+        )
+    return statements

@@ -5,6 +5,12 @@ INSERT INTO {table} (id, target, external, topic, key, partition, type, content_
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15,
     now() + $16::float8 * interval '1 second');
 
+-- name: insert_one_now
+-- The common case, no delay: available_at takes its default, one parameter fewer.
+INSERT INTO {table} (id, target, external, topic, key, partition, type, content_type,
+    payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15);
+
 -- name: insert_many
 -- One statement, one shape, whatever the number of rows: arrays unnested.
 INSERT INTO {table} (id, target, external, topic, key, partition, type, content_type,
