@@ -139,3 +139,52 @@ def test_session_class_level_tracking(orm: dict[str, Any]) -> None:
         session.add(order)
         session.commit()
     assert len(outbox_rows(orm)) == 1
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+async def test_async_session_writes_events_in_the_same_flush(dialect: str, tmp_path: Path) -> None:
+    from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+
+    outbox_table, order_table = unique_table("orm"), unique_table("orders")
+    relaybox_url = PG_URL if dialect == "postgresql" else sqlite_url(tmp_path / "a.db")
+    sa_url = (
+        PG_URL.replace("postgresql://", "postgresql+asyncpg://")
+        if dialect == "postgresql"
+        else f"sqlite+aiosqlite:///{tmp_path / 'a.db'}"
+    )
+    await migrate(relaybox_url, table=outbox_table)
+    engine = create_async_engine(sa_url, poolclass=sqlalchemy.pool.NullPool)
+    base, order = make_model(order_table)
+
+    class TrackedSession(Session):  # AsyncSession runs a sync Session underneath
+        pass
+
+    outbox = Outbox(table=outbox_table)
+    track_domain_events(TrackedSession, outbox)
+    announced: list[Message] = []
+    outbox.subscribe(announced.extend)
+    factory = async_sessionmaker(engine, sync_session_class=TrackedSession, expire_on_commit=False)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(base.metadata.create_all)
+        async with factory() as session:
+            entity = order(status="new")
+            entity.place()
+            session.add(entity)
+            await session.commit()
+            order_id = entity.id
+        async with factory() as session:
+            rolled = order(status="new")
+            rolled.place()
+            session.add(rolled)
+            await session.flush()
+            await session.rollback()
+        async with engine.connect() as conn:
+            rows = (await conn.exec_driver_sql(f"SELECT type FROM {outbox_table}")).all()
+        assert [tuple(r) for r in rows] == [("OrderPlaced",)]
+        assert [m.key for m in announced] == [str(order_id)]
+        async with engine.begin() as conn:
+            await conn.run_sync(base.metadata.drop_all)
+    finally:
+        await engine.dispose()
+        drop(relaybox_url, outbox_table)
