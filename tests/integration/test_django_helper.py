@@ -54,8 +54,13 @@ def test_rolled_back_messages_are_neither_written_nor_announced(
     outbox, db = django_outbox
     announced: list[Message] = []
     outbox.subscribe(announced.extend)
-    with pytest.raises(RuntimeError), transaction.atomic():
-        add_messages(outbox, Message(topic="orders"))
-        raise RuntimeError("the view failed")
+
+    def failing_view() -> None:
+        with transaction.atomic():
+            add_messages(outbox, Message(topic="orders"))
+            raise RuntimeError("the view failed")
+
+    with pytest.raises(RuntimeError, match="the view failed"):
+        failing_view()
     assert not announced
     assert count(db, outbox.table) == 0
