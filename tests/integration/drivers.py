@@ -6,6 +6,7 @@ application would pass to `Outbox.add`/`add_async`.
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -34,40 +35,18 @@ SA_ASYNC_URLS = {
 }
 
 
-class SyncCase:
-    def __init__(
-        self,
-        handle: Any,
-        run: Callable[[str], Any],
-        commit: Callable[[], Any],
-        rollback: Callable[[], Any],
-        close: Callable[[], Any],
-    ) -> None:
-        self.handle, self.run, self.commit, self.rollback, self.close = (
-            handle,
-            run,
-            commit,
-            rollback,
-            close,
-        )
+@dataclasses.dataclass
+class Case:
+    """`handle` goes to the writer; the rest drive its transaction (sync or async)."""
+
+    handle: Any
+    run: Callable[[str], Any]
+    commit: Callable[[], Any]
+    rollback: Callable[[], Any]
+    close: Callable[[], Any]
 
 
-class AsyncCase:
-    def __init__(
-        self,
-        handle: Any,
-        run: Callable[[str], Any],
-        commit: Callable[[], Any],
-        rollback: Callable[[], Any],
-        close: Callable[[], Any],
-    ) -> None:
-        self.handle, self.run, self.commit, self.rollback, self.close = (
-            handle,
-            run,
-            commit,
-            rollback,
-            close,
-        )
+SyncCase = AsyncCase = Case
 
 
 # -- sync ----------------------------------------------------------------------------
