@@ -34,29 +34,39 @@ def native_style(dialect: str) -> ParamStyle:
     return _NATIVE_STYLE[dialect]
 
 
-@functools.lru_cache(maxsize=256)
 def restyle(query: str, source: ParamStyle, target: ParamStyle) -> str:
-    """Re-render `query`'s positional placeholders (in order of appearance) for `target`."""
-    if source == target:
-        return query
+    """Re-render `query`'s placeholders for `target`; `$n` must appear as $1..$n in order."""
+    text, order = restyle_with_order(query, source, target)
+    if order != tuple(range(len(order))):
+        raise ValueError("restyle needs $1..$n in order of appearance")
+    return text
+
+
+@functools.lru_cache(maxsize=256)
+def restyle_with_order(
+    query: str, source: ParamStyle, target: ParamStyle
+) -> tuple[str, tuple[int, ...]]:
+    """Re-render `query` for `target`, with the parameter order the new text expects.
+
+    `$n` placeholders may repeat or come out of order; positional styles cannot say
+    that, so the caller passes `[params[i] for i in order]` instead of `params`.
+    """
     pieces = _PLACEHOLDER[source].split(query)
-    if source == "numeric_dollar":  # split keeps the captured numbers: check they run 1..n
-        texts, numbers = pieces[0::2], pieces[1::2]
-        if numbers != [str(i) for i in range(1, len(numbers) + 1)]:
-            raise ValueError("restyle needs $1..$n in order of appearance")
+    if source == "numeric_dollar":  # split keeps the captured numbers
+        texts, order = pieces[0::2], tuple(int(n) - 1 for n in pieces[1::2])
     else:
-        texts = pieces
+        texts, order = pieces, tuple(range(len(pieces) - 1))
+    identity = tuple(range(len(set(order))))
+    if source == target:
+        return query, identity
     if source in ("format", "pyformat"):
         texts = [text.replace("%%", "%") for text in texts]
+    if target == "numeric_dollar":  # numbered: keep the numbering, no reordering needed
+        marks = [f"${index + 1}" for index in order]
+        return "".join(t + m for t, m in zip(texts, [*marks, ""], strict=True)), identity
     if target in ("format", "pyformat"):
         texts = [text.replace("%", "%%") for text in texts]
-    out = [texts[0]]
-    for index, text in enumerate(texts[1:], start=1):
-        out.append(
-            f"${index}" if target == "numeric_dollar" else "?" if target == "qmark" else "%s"
-        )
-        out.append(text)
-    return "".join(out)
+    return ("?" if target == "qmark" else "%s").join(texts), order
 
 
 def row_params(dialect: str, row: InsertRow) -> tuple[Any, ...]:

@@ -9,10 +9,13 @@ from typing import Any
 
 from relaybox import sql
 from relaybox.core.records import InsertRow
-from relaybox.sql.params import ParamStyle, native_style, restyle, row_params
+from relaybox.sql.params import ParamStyle, native_style, restyle_with_order, row_params
 
 #: Rows per multi-row INSERT on MySQL and SQLite (16 parameters each, well under limits).
 CHUNK_ROWS = 1000
+#: Bytes per multi-row INSERT: under MySQL's default max_allowed_packet (16 MiB on
+#: MariaDB, 64 MiB on MySQL 8), so a bulk add never kills the caller's connection.
+CHUNK_BYTES = 4 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -22,13 +25,37 @@ class Statement:
 
 
 @functools.lru_cache(maxsize=512)
-def _text(dialect: str, table: str, style: ParamStyle, name: str, rows: int = 1) -> str:
+def _text(
+    dialect: str, table: str, style: ParamStyle, name: str, rows: int = 1
+) -> tuple[str, tuple[int, ...] | None]:
     queries = sql.queries(dialect, table)
     if name == "insert_values":
         query = queries["insert_values"] + " " + ", ".join([queries["insert_row"]] * rows)
     else:
         query = queries[name]
-    return restyle(query, native_style(dialect), style)
+    text, order = restyle_with_order(query, native_style(dialect), style)
+    return text, (None if order == tuple(range(len(order))) else order)
+
+
+def _statement(
+    dialect: str, table: str, style: ParamStyle, name: str, params: Sequence[Any], rows: int = 1
+) -> Statement:
+    text, order = _text(dialect, table, style, name, rows)
+    return Statement(text, params if order is None else [params[i] for i in order])
+
+
+def _chunks(rows: Sequence[InsertRow]) -> list[Sequence[InsertRow]]:
+    """Rows per multi-row INSERT, under both a row and a byte budget (max_allowed_packet)."""
+    chunks: list[Sequence[InsertRow]] = []
+    start, size = 0, 0
+    for index, row in enumerate(rows):
+        row_size = len(row[8]) + 512  # payload plus a generous allowance for the rest
+        if index > start and (index - start >= CHUNK_ROWS or size + row_size > CHUNK_BYTES):
+            chunks.append(rows[start:index])
+            start, size = index, 0
+        size += row_size
+    chunks.append(rows[start:])
+    return chunks
 
 
 def inserts(
@@ -38,16 +65,13 @@ def inserts(
     if len(rows) == 1:
         row = rows[0]
         if dialect == "postgresql" and not row[-1]:  # no delay: available_at = now()
-            return [Statement(_text(dialect, table, style, "insert_one_now"), row[:-1])]
-        return [Statement(_text(dialect, table, style, "insert_one"), row_params(dialect, row))]
+            return [_statement(dialect, table, style, "insert_one_now", row[:-1])]
+        return [_statement(dialect, table, style, "insert_one", row_params(dialect, row))]
     if dialect == "postgresql":
         columns = [list(column) for column in zip(*rows, strict=True)]
-        return [Statement(_text(dialect, table, style, "insert_many"), columns)]
+        return [_statement(dialect, table, style, "insert_many", columns)]
     statements = []
-    for start in range(0, len(rows), CHUNK_ROWS):
-        chunk = rows[start : start + CHUNK_ROWS]
+    for chunk in _chunks(rows):
         params = [value for row in chunk for value in row_params(dialect, row)]
-        statements.append(
-            Statement(_text(dialect, table, style, "insert_values", len(chunk)), params)
-        )
+        statements.append(_statement(dialect, table, style, "insert_values", params, len(chunk)))
     return statements

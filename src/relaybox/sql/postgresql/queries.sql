@@ -1,29 +1,50 @@
 -- name: insert_one
+-- Writers of one key take turns (a transaction-scoped advisory lock on the key, taken
+-- before the row gets its seq), so a key's seq order is also its commit order: the
+-- relay can never see seq 2 of a key committed while seq 1 is still in flight.
+WITH key_lock AS (
+    SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $5::text, 0))
+    WHERE $5::text IS NOT NULL
+)
 INSERT INTO {table} (id, target, external, topic, key, partition, type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
     available_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15,
-    now() + $16::float8 * interval '1 second');
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15,
+    now() + $16::float8 * interval '1 second'
+FROM (SELECT count(*) FROM key_lock) AS locked;
 
 -- name: insert_one_now
 -- The common case, no delay: available_at takes its default, one parameter fewer.
+WITH key_lock AS (
+    SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $5::text, 0))
+    WHERE $5::text IS NOT NULL
+)
 INSERT INTO {table} (id, target, external, topic, key, partition, type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15);
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15
+FROM (SELECT count(*) FROM key_lock) AS locked;
 
 -- name: insert_many
--- One statement, one shape, whatever the number of rows: arrays unnested.
+-- One statement, one shape, whatever the number of rows: arrays unnested, rows kept in
+-- the caller's order (so seq follows it), key locks taken in a fixed order.
+WITH key_lock AS (
+    SELECT pg_advisory_xact_lock(h) FROM (
+        SELECT DISTINCT hashtextextended('{table}:' || k, 0) AS h
+        FROM unnest($5::text[]) AS k WHERE k IS NOT NULL ORDER BY 1) AS hashes
+)
 INSERT INTO {table} (id, target, external, topic, key, partition, type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
     available_at)
 SELECT r.id, r.target, r.external, r.topic, r.key, r.partition, r.type, r.content_type,
     r.payload, r.headers::jsonb, r.correlation_id, r.causation_id, r.tenant_id,
     r.aggregate_id, r.occurred_at, now() + r.delay * interval '1 second'
-FROM unnest($1::uuid[], $2::text[], $3::boolean[], $4::text[], $5::text[], $6::integer[],
+FROM (SELECT count(*) FROM key_lock) AS locked,
+    unnest($1::uuid[], $2::text[], $3::boolean[], $4::text[], $5::text[], $6::integer[],
     $7::text[], $8::text[], $9::bytea[], $10::text[], $11::text[], $12::text[],
-    $13::text[], $14::text[], $15::timestamptz[], $16::float8[])
+    $13::text[], $14::text[], $15::timestamptz[], $16::float8[]) WITH ORDINALITY
     AS r(id, target, external, topic, key, partition, type, content_type, payload, headers,
-         correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, delay);
+         correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, delay, ord)
+ORDER BY r.ord;
 
 -- name: claim
 -- $1 worker, $2 limit, $3 partitions or NULL, $4 targets or NULL, $5 token, $6 lease s.

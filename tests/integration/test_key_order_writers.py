@@ -1,0 +1,82 @@
+"""Concurrent writers of one key: a key's sequence order must be its commit order.
+
+Sequences are assigned at insert, not at commit. Without care, a writer that inserts
+seq 1 for key k and commits late lets the relay publish seq 2 (committed early) first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from relaybox import Message, Outbox
+from relaybox.migrations import migrate
+from relaybox.storage.postgres import PostgresStorage
+from tests.databases import PG_URL, drop, unique_table
+
+
+@pytest.fixture
+def pg_table() -> Iterator[str]:
+    table = unique_table("ko")
+    asyncio.run(migrate(PG_URL, table=table))
+    yield table
+    drop(PG_URL, table)
+
+
+def claim_keys(table: str) -> list[tuple[str | None, str]]:
+    async def claim() -> list[tuple[str | None, str]]:
+        storage = await PostgresStorage.connect(PG_URL, table=table)
+        try:
+            found = await storage.claim("check", limit=100, lease_seconds=30)
+            await storage.release(found.token, [m.seq for m in found.messages])
+            return [(m.key, m.type) for m in found.messages]
+        finally:
+            await storage.close()
+
+    return asyncio.run(claim())
+
+
+@pytest.mark.parametrize("bulk", [False, True], ids=["single", "bulk"])
+def test_a_second_writer_of_a_key_waits_for_the_first(pg_table: str, bulk: bool) -> None:
+    outbox = Outbox(table=pg_table)
+    first = psycopg.connect(PG_URL)
+    second = psycopg.connect(PG_URL)
+    try:
+        outbox.add(first, Message(topic="t", key="k", type="first"))
+        done = threading.Event()
+
+        def write_second() -> None:
+            batch = [
+                Message(topic="t", key="other", type="x"),
+                Message(topic="t", key="k", type="second"),
+            ]
+            outbox.add(second, batch if bulk else batch[1])
+            second.commit()
+            done.set()
+
+        thread = threading.Thread(target=write_second)
+        thread.start()
+        assert not done.wait(0.5), "the second writer of key k must wait for the first"
+        assert ("k", "second") not in claim_keys(pg_table)  # nothing of k may overtake
+        first.commit()
+        assert done.wait(10)
+        thread.join()
+        keyed = [t for k, t in claim_keys(pg_table) if k == "k"]
+        assert keyed == ["first", "second"]
+    finally:
+        first.close()
+        second.close()
+
+
+def test_writers_of_different_keys_do_not_wait(pg_table: str) -> None:
+    outbox = Outbox(table=pg_table)
+    with psycopg.connect(PG_URL) as first, psycopg.connect(PG_URL) as second:
+        outbox.add(first, Message(topic="t", key="a"))
+        outbox.add(second, [Message(topic="t", key="b"), Message(topic="t")])  # no wait
+        second.commit()
+        first.commit()
+    assert sorted(k or "" for k, _ in claim_keys(pg_table)) == ["", "a", "b"]
