@@ -28,7 +28,7 @@ async def create(url: str, table: str) -> None:
 
 def drop(url: str, table: str) -> None:
     """Drop the outbox table and its migration record; sync, for fixture teardown."""
-    tables = (table, f"{table}_migrations")
+    tables = (table, f"{table}_migrations", f"{table}_key_locks")
     if url.startswith("postgresql"):
         with psycopg.connect(
             url.replace("+asyncpg", "").replace("+psycopg", ""), autocommit=True

@@ -9,27 +9,37 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
+import pymysql
 import pytest
 
 from relaybox import Message, Outbox
 from relaybox.migrations import migrate
-from relaybox.storage.postgres import PostgresStorage
-from tests.databases import PG_URL, drop, unique_table
+from relaybox.storage import open_storage
+from tests.databases import MYSQL_URL, PG_URL, drop, unique_table
+
+URLS = {"postgresql": PG_URL, "mysql": MYSQL_URL}
 
 
-@pytest.fixture
-def pg_table() -> Iterator[str]:
+def connect(dialect: str) -> Any:
+    if dialect == "postgresql":
+        return psycopg.connect(PG_URL)
+    return pymysql.connect(host="127.0.0.1", user="root", password="", database="test")
+
+
+@pytest.fixture(params=sorted(URLS))
+def db(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     table = unique_table("ko")
-    asyncio.run(migrate(PG_URL, table=table))
-    yield table
-    drop(PG_URL, table)
+    asyncio.run(migrate(URLS[request.param], table=table))
+    yield request.param, table
+    drop(URLS[request.param], table)
 
 
-def claim_keys(table: str) -> list[tuple[str | None, str]]:
+def claim_keys(dialect: str, table: str) -> list[tuple[str | None, str]]:
     async def claim() -> list[tuple[str | None, str]]:
-        storage = await PostgresStorage.connect(PG_URL, table=table)
+        storage = await open_storage(URLS[dialect], table=table)
         try:
             found = await storage.claim("check", limit=100, lease_seconds=30)
             await storage.release(found.token, [m.seq for m in found.messages])
@@ -41,10 +51,10 @@ def claim_keys(table: str) -> list[tuple[str | None, str]]:
 
 
 @pytest.mark.parametrize("bulk", [False, True], ids=["single", "bulk"])
-def test_a_second_writer_of_a_key_waits_for_the_first(pg_table: str, bulk: bool) -> None:
-    outbox = Outbox(table=pg_table)
-    first = psycopg.connect(PG_URL)
-    second = psycopg.connect(PG_URL)
+def test_a_second_writer_of_a_key_waits_for_the_first(db: tuple[str, str], bulk: bool) -> None:
+    dialect, table = db
+    outbox = Outbox(table=table)
+    first, second = connect(dialect), connect(dialect)
     try:
         outbox.add(first, Message(topic="t", key="k", type="first"))
         done = threading.Event()
@@ -61,22 +71,27 @@ def test_a_second_writer_of_a_key_waits_for_the_first(pg_table: str, bulk: bool)
         thread = threading.Thread(target=write_second)
         thread.start()
         assert not done.wait(0.5), "the second writer of key k must wait for the first"
-        assert ("k", "second") not in claim_keys(pg_table)  # nothing of k may overtake
+        assert ("k", "second") not in claim_keys(dialect, table)  # nothing of k may overtake
         first.commit()
         assert done.wait(10)
         thread.join()
-        keyed = [t for k, t in claim_keys(pg_table) if k == "k"]
+        keyed = [t for k, t in claim_keys(dialect, table) if k == "k"]
         assert keyed == ["first", "second"]
     finally:
         first.close()
         second.close()
 
 
-def test_writers_of_different_keys_do_not_wait(pg_table: str) -> None:
-    outbox = Outbox(table=pg_table)
-    with psycopg.connect(PG_URL) as first, psycopg.connect(PG_URL) as second:
+def test_writers_of_different_keys_do_not_wait(db: tuple[str, str]) -> None:
+    dialect, table = db
+    outbox = Outbox(table=table)
+    first, second = connect(dialect), connect(dialect)
+    try:
         outbox.add(first, Message(topic="t", key="a"))
         outbox.add(second, [Message(topic="t", key="b"), Message(topic="t")])  # no wait
         second.commit()
         first.commit()
-    assert sorted(k or "" for k, _ in claim_keys(pg_table)) == ["", "a", "b"]
+    finally:
+        first.close()
+        second.close()
+    assert sorted(k or "" for k, _ in claim_keys(dialect, table)) == ["", "a", "b"]

@@ -17,3 +17,12 @@ def partition_for(key: str | None, message_id: uuid.UUID, partitions: int) -> in
     if key is None:
         return (message_id.int & 0xFFFFFFFF) % partitions
     return zlib.crc32(key.encode("utf-8")) % partitions
+
+
+#: Lock slots for writers of one key on databases without transaction-scoped advisory
+#: locks (MySQL/MariaDB): see sql/mysql/migrations/0002_key_locks.sql.
+KEY_LOCK_SLOTS = 4096
+
+
+def key_lock_slot(key: str) -> int:
+    return zlib.crc32(key.encode("utf-8")) % KEY_LOCK_SLOTS

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from relaybox import sql
+from relaybox.core.partitions import key_lock_slot
 from relaybox.core.records import InsertRow
 from relaybox.sql.params import ParamStyle, native_style, restyle_with_order, row_params
 
@@ -31,6 +32,9 @@ def _text(
     queries = sql.queries(dialect, table)
     if name == "insert_values":
         query = queries["insert_values"] + " " + ", ".join([queries["insert_row"]] * rows)
+    elif name == "lock_keys":
+        marks = ", ".join(["%s"] * rows)
+        query = f"{queries['lock_keys']} ({marks}) ORDER BY slot FOR UPDATE"
     else:
         query = queries[name]
     text, order = restyle_with_order(query, native_style(dialect), style)
@@ -62,6 +66,16 @@ def inserts(
     dialect: str, table: str, style: ParamStyle, rows: Sequence[InsertRow]
 ) -> list[Statement]:
     """The statements that write `rows`: one for a single row, one per chunk for many."""
+    if dialect == "mysql":  # writers of one key take turns (PostgreSQL does it in the INSERT)
+        slots = sorted({key_lock_slot(row[4]) for row in rows if row[4] is not None})
+        locks = [_statement(dialect, table, style, "lock_keys", slots, len(slots))] if slots else []
+        return locks + _inserts(dialect, table, style, rows)
+    return _inserts(dialect, table, style, rows)
+
+
+def _inserts(
+    dialect: str, table: str, style: ParamStyle, rows: Sequence[InsertRow]
+) -> list[Statement]:
     if len(rows) == 1:
         row = rows[0]
         if dialect == "postgresql" and not row[-1]:  # no delay: available_at = now()

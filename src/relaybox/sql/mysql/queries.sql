@@ -5,6 +5,12 @@
 -- text. Times are UTC_TIMESTAMP(6), independent of the session time zone, so writers on
 -- any connection agree with the relay.
 
+-- name: lock_keys
+-- Before a writer inserts keyed rows: lock their slots (see migration 0002), in slot
+-- order so that two writers never wait on each other in a cycle. The writer appends
+-- the placeholders and the ORDER BY ... FOR UPDATE tail.
+SELECT slot FROM {table}_key_locks WHERE slot IN;
+
 -- name: insert_one
 -- The 16 values of relaybox.core.records.INSERT_COLUMNS as relaybox.sql.params.row_params
 -- gives them: id as text, external as 0/1, occurred_at naive UTC, delay in microseconds.
