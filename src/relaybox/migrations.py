@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE, validate_table_name
-from relaybox.errors import MigrationError, SchemaError
+from relaybox.errors import MigrationError, RelayboxError, SchemaError
 from relaybox.storage.urls import DatabaseUrl
 
 logger = logging.getLogger(__name__)
@@ -112,7 +112,11 @@ async def _locked(url: DatabaseUrl, table: str) -> AsyncIterator[_Ddl]:
             password=url.password or "", db=url.database, autocommit=True,
         )  # fmt: skip
         try:
-            await _MySQL(my).execute("SELECT GET_LOCK(%s, 60)", [lock_name])
+            async with my.cursor() as cursor:
+                await cursor.execute("SELECT GET_LOCK(%s, 60)", (lock_name,))
+                (granted,) = await cursor.fetchone()
+            if granted != 1:
+                raise MigrationError(f"another migration of {table} holds its lock; try again")
             yield _MySQL(my)
         finally:
             my.close()
@@ -121,7 +125,16 @@ async def _locked(url: DatabaseUrl, table: str) -> AsyncIterator[_Ddl]:
 
         lite = await aiosqlite.connect(url.database, isolation_level=None)
         try:
-            yield _SQLite(lite)
+            # One write transaction for the whole run: concurrent runs queue on it, and
+            # the second one reads the versions the first recorded.
+            await lite.execute("PRAGMA busy_timeout = 30000")
+            await lite.execute("BEGIN IMMEDIATE")
+            try:
+                yield _SQLite(lite)
+            except BaseException:
+                await lite.execute("ROLLBACK")
+                raise
+            await lite.execute("COMMIT")
         finally:
             await lite.close()
     else:
@@ -138,28 +151,43 @@ async def migrate(db_url: str, *, table: str = DEFAULT_TABLE) -> MigrationReport
     steps = sql.migrations(dialect, table)
     latest = steps[-1][0] if steps else 0
     applied: list[int] = []
-    async with _locked(url, table) as ddl:
-        await ddl.execute(sql.render(_TRACKING[dialect], table, dialect))
-        done = await ddl.versions(table)
-        if done and max(done) > latest:
-            raise SchemaError(
-                f"table {table} is at schema version {max(done)}, newer than this relaybox "
-                f"knows ({latest}); upgrade relaybox"
-            )
-        for version, name, script in steps:
-            if version in done:
-                continue
-            await _apply(ddl, dialect, table, version, name, script)
-            applied.append(version)
+    try:
+        async with _locked(url, table) as ddl:
+            applied = await _migrate(ddl, dialect, table, steps)
+    except (RelayboxError, ImportError):
+        raise
+    except Exception as exc:  # connection refused, auth, unknown database ...
+        raise MigrationError(f"cannot migrate {table} at {url.masked}: {exc}") from exc
     return MigrationReport(table, tuple(applied), latest)
+
+
+async def _migrate(
+    ddl: _Ddl, dialect: sql.Dialect, table: str, steps: list[tuple[int, str, str]]
+) -> list[int]:
+    latest = steps[-1][0] if steps else 0
+    applied: list[int] = []
+    await ddl.execute(sql.render(_TRACKING[dialect], table, dialect))
+    done = await ddl.versions(table)
+    if done and max(done) > latest:
+        raise SchemaError(
+            f"table {table} is at schema version {max(done)}, newer than this relaybox "
+            f"knows ({latest}); upgrade relaybox"
+        )
+    for version, name, script in steps:
+        if version in done:
+            continue
+        await _apply(ddl, dialect, table, version, name, script)
+        applied.append(version)
+    return applied
 
 
 async def _apply(
     ddl: _Ddl, dialect: sql.Dialect, table: str, version: int, name: str, script: str
 ) -> None:
-    # PostgreSQL and SQLite run DDL in a transaction; MySQL commits each DDL statement
-    # itself, so its migrations are written with IF NOT EXISTS to be safely re-runnable.
-    transactional = dialect != "mysql"
+    # PostgreSQL runs each migration in a transaction; SQLite runs the whole migrate in
+    # one (see _locked); MySQL commits each DDL statement itself, so its migrations are
+    # written with IF NOT EXISTS to be safely re-runnable.
+    transactional = dialect == "postgresql"
     logger.info("applying migration", extra={"action": "migrate", "table": table,
                                              "version": version, "migration": name})  # fmt: skip
     try:

@@ -207,3 +207,35 @@ def test_the_writer_never_commits(tmp_path: Path) -> None:
     conn.close()  # closing without commit discards
     with sqlite3.connect(tmp_path / "a.db") as check:
         assert check.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+
+
+def test_psycopg_with_raw_cursors_gets_numbered_parameters(tmp_path: Path) -> None:
+    world = World("postgresql", tmp_path / "unused.db")
+    world.setup_sync()
+    try:
+        for factory in (psycopg.RawCursor, psycopg.ClientCursor):
+            with psycopg.connect(PG_URL, cursor_factory=factory) as conn:
+                world.outbox.add(conn, messages(2))
+                world.outbox.add(conn, messages(1))
+        assert world.count(world.table) == 6
+    finally:
+        world.teardown()
+
+
+def test_a_project_session_subclass_is_recognised(tmp_path: Path) -> None:
+    import sqlalchemy
+    from sqlalchemy.orm import Session
+
+    class AppSession(Session):
+        pass
+
+    world = World("sqlite", tmp_path / "app.db")
+    world.setup_sync()
+    engine = sqlalchemy.create_engine(f"sqlite:///{world.db}")
+    try:
+        with AppSession(engine) as session:
+            world.outbox.add(session, messages(2))
+            session.commit()
+        assert world.count(world.table) == 2
+    finally:
+        engine.dispose()

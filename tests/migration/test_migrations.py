@@ -113,3 +113,20 @@ async def test_migrate_twice_changes_nothing_the_second_time(dialect: str, db: P
         assert _catalog(dialect, table, db) == before
     finally:
         drop(url, table)
+
+
+async def test_concurrent_migrations_of_one_sqlite_file_all_succeed(tmp_path: Path) -> None:
+    import asyncio
+
+    url = sqlite_url(tmp_path / "race.db")
+    reports = await asyncio.gather(*(migrate(url, table="raced") for _ in range(6)))
+    applied = [r.applied for r in reports]
+    assert applied.count(()) == 5  # exactly one run applied the migrations
+    assert sum(len(a) for a in applied) == len(sql.migrations("sqlite", "raced"))
+
+
+async def test_an_unreachable_database_is_a_migration_error() -> None:
+    from relaybox import MigrationError
+
+    with pytest.raises(MigrationError, match="cannot migrate"):
+        await migrate("postgresql://postgres@127.0.0.1:1/test", table="nowhere")

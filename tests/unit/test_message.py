@@ -136,3 +136,34 @@ def test_uuid7_values_behave_like_any_uuid() -> None:
     assert uuid.UUID(str(value)) == value
     assert hash(uuid.UUID(str(value))) == hash(value)
     assert pickle.loads(pickle.dumps(value)) == value
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"key": "a\x00b"}, "NUL"),
+        ({"topic": "t\x00"}, "NUL"),
+        ({"key": "\ud800"}, "not valid Unicode"),
+        ({"correlation_id": "c\x00"}, "NUL"),
+        ({"type": 5}, "type must be a str"),
+        ({"content_type": 5}, "content_type must be a str"),
+        ({"id": "not-a-uuid"}, "uuid.UUID"),
+        ({"delay": float("nan")}, "finite"),
+        ({"delay": float("inf")}, "finite"),
+        ({"delay": "soon"}, "seconds"),
+        ({"tenant_id": "t" * 256}, "longer than"),
+    ],
+)
+def test_text_and_values_that_databases_would_reject_fail_at_creation(
+    fields: dict[str, object], match: str
+) -> None:
+    base: dict[str, object] = {"topic": "orders"}
+    with pytest.raises(MessageError, match=match):
+        Message(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def test_bad_header_text_and_bad_str_payloads() -> None:
+    with pytest.raises(InvalidHeadersError, match="NUL"):
+        Message(topic="t", headers={"h": "a\x00"})
+    with pytest.raises(PayloadNotSerializableError, match="Unicode"):
+        Message(topic="t", payload="\udc80")

@@ -104,3 +104,30 @@ def test_schema_qualified_names_where_the_dialect_has_schemas() -> None:
     assert "app_outbox_live_ix" in sql.schema("postgresql", "app.outbox")
     with pytest.raises(InvalidTableNameError, match="plain name"):
         sql.schema("sqlite", "app.outbox")
+
+
+@pytest.mark.parametrize(
+    ("targets", "defaults", "partitions", "match"),
+    [
+        (["a"], [], 8, "at least one"),
+        (["a"], ["a", "a"], 8, "twice"),
+        (["a", "a"], None, 8, "twice"),
+        (["a"], None, 0, "positive"),
+    ],
+)
+def test_routing_rejects_settings_that_would_lose_or_duplicate_messages(
+    targets: list[str], defaults: list[str] | None, partitions: int, match: str
+) -> None:
+    with pytest.raises(relaybox.ConfigurationError, match=match):
+        relaybox.Outbox(targets=targets, default_targets=defaults, partitions=partitions)
+
+
+def test_restyle_reorders_repeated_numbered_parameters() -> None:
+    from relaybox.sql.params import restyle_with_order
+
+    text, order = restyle_with_order("f($5) AND a = $1 AND e = $5", "numeric_dollar", "format")
+    assert text == "f(%s) AND a = %s AND e = %s"
+    assert order == (4, 0, 4)
+    same, identity = restyle_with_order("a = $1, b = $2", "numeric_dollar", "numeric_dollar")
+    assert same == "a = $1, b = $2"
+    assert identity == (0, 1)

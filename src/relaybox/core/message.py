@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import datetime
+import math
 import re
 import uuid
 from collections.abc import Iterable, Mapping
@@ -91,10 +93,15 @@ class Message:
     ) -> None:
         if not isinstance(topic, str) or not topic.strip():
             raise EmptyTopicError("a message needs a non-empty topic")
-        if len(topic) > _MAX_TOPIC:
-            raise MessageError(f"topic is longer than {_MAX_TOPIC} characters")
-        if key is not None and (not isinstance(key, str) or len(key) > _MAX_KEY):
-            raise MessageError(f"key must be a str of at most {_MAX_KEY} characters, or None")
+        _check_text("topic", topic, _MAX_TOPIC)
+        if key is not None:
+            _check_text("key", key, _MAX_KEY)
+        if type is not None:
+            _check_text("type", type, _MAX_TOPIC)
+        if content_type is not None:
+            _check_text("content_type", content_type, _MAX_TOPIC)
+        if id is not None and not isinstance(id, uuid.UUID):
+            raise MessageError(f"id must be a uuid.UUID, got {builtins.type(id).__name__}")
         self.body, self.content_type = encode_payload(payload, content_type)
         check_size(self.body, max_payload_bytes)
         self.id: uuid.UUID = id if id is not None else uuid7()
@@ -114,8 +121,6 @@ class Message:
         )
         self.delay_seconds = 0.0 if delay is None else _delay_seconds(delay)
         self.occurred_at = _utcnow() if occurred_at is None else _aware(occurred_at)
-        if len(self.type) > _MAX_TOPIC or len(self.content_type or "") > _MAX_TOPIC:
-            raise MessageError(f"type and content_type are limited to {_MAX_TOPIC} characters")
 
     def __repr__(self) -> str:
         return (
@@ -132,9 +137,23 @@ class Message:
 
 def _short_str(value: object) -> str:
     text = str(value)
-    if len(text) > _MAX_KEY:
-        raise MessageError(f"ids are limited to {_MAX_KEY} characters: {text[:40]}...")
+    _check_text("id", text, _MAX_KEY)
     return text
+
+
+def _check_text(name: str, value: object, limit: int) -> None:
+    """Text that every database stores as it was given: a str, short, no NUL, valid UTF-8."""
+    if not isinstance(value, str):
+        raise MessageError(f"{name} must be a str, got {builtins.type(value).__name__}")
+    if len(value) > limit:
+        raise MessageError(f"{name} is longer than {limit} characters")
+    if "\x00" in value:
+        raise MessageError(f"{name} contains a NUL character, which databases cannot store")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise MessageError(f"{name} is not valid Unicode text: {exc}") from exc
 
 
 def _checked_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
@@ -148,6 +167,11 @@ def _checked_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
                 f"header {name!r} must have a non-empty str name and a str value, "
                 f"got {type(value).__name__}"
             )
+        try:
+            _check_text("header name", name, 255)
+            _check_text(f"header {name!r}", value, 64 * 1024)
+        except MessageError as exc:
+            raise InvalidHeadersError(str(exc)) from exc
     return dict(headers)
 
 
@@ -166,9 +190,14 @@ def _checked_targets(targets: Any) -> tuple[Target, ...]:
 
 
 def _delay_seconds(delay: datetime.timedelta | float) -> float:
-    seconds = delay.total_seconds() if isinstance(delay, datetime.timedelta) else float(delay)
-    if seconds < 0:
-        raise MessageError("delay must not be negative")
+    if isinstance(delay, datetime.timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, int | float) and not isinstance(delay, bool):
+        seconds = float(delay)
+    else:
+        raise MessageError("delay must be seconds (int or float) or a datetime.timedelta")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise MessageError("delay must be a finite, non-negative number of seconds")
     return seconds
 
 

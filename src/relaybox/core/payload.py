@@ -80,7 +80,10 @@ def encode_payload(payload: Any, content_type: str | None) -> tuple[bytes, str]:
     if isinstance(payload, bytes | bytearray | memoryview):
         return bytes(payload), content_type or OCTET_STREAM
     if isinstance(payload, str):
-        return payload.encode("utf-8"), content_type or TEXT
+        try:
+            return payload.encode("utf-8"), content_type or TEXT
+        except UnicodeEncodeError as exc:
+            raise PayloadNotSerializableError(f"str payload is not valid Unicode: {exc}") from exc
     try:
         body = _encode_json(payload).encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import DEFAULT_TARGET, Message, Target
 from relaybox.core.partitions import DEFAULT_PARTITIONS, partition_for
-from relaybox.errors import MessageError, UnknownTargetError
+from relaybox.errors import ConfigurationError, MessageError, UnknownTargetError
 
 #: The columns the writer fills, in the order of `InsertRow`.
 INSERT_COLUMNS: tuple[str, ...] = (
@@ -51,11 +51,15 @@ class Routing:
         known = [t if isinstance(t, Target) else Target(t) for t in (targets or [DEFAULT_TARGET])]
         by_name = {t.name: t for t in known}
         defaults = tuple(default_targets) if default_targets is not None else (known[0].name,)
+        if len(by_name) != len(known) or len(set(defaults)) != len(defaults):
+            raise ConfigurationError("a target is named twice")
+        if not defaults:  # messages without targets would be written nowhere
+            raise ConfigurationError("default_targets must name at least one target")
         for name in defaults:
             if name not in by_name:
                 raise UnknownTargetError(f"default target {name!r} is not a known target")
-        if partitions < 1:
-            raise ValueError("partitions must be at least 1")
+        if not isinstance(partitions, int) or partitions < 1:
+            raise ConfigurationError("partitions must be a positive integer")
         return cls(by_name, defaults, partitions)
 
     def resolve(self, message: Message) -> tuple[Target, ...]:

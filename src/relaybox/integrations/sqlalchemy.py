@@ -47,33 +47,40 @@ class HasDomainEvents:
         return events
 
 
-def _drain(entities: Iterable[Any]) -> list[Message]:
-    messages: list[Message] = []
-    for entity in entities:
-        if isinstance(entity, HasDomainEvents):
-            messages.extend(e if isinstance(e, Message) else e() for e in entity._take_events())
-    return messages
+def _pending(entities: Iterable[Any]) -> list[HasDomainEvents]:
+    return [e for e in entities if isinstance(e, HasDomainEvents) and e.pending_events()]
 
 
 def track_domain_events(target: Any, outbox: Outbox) -> None:
     """Write entities' domain events to `outbox` at each flush of sessions of `target`."""
 
-    def write(session: Session, messages: list[Message]) -> None:
-        if messages:
-            outbox.add(session.connection(), messages)
-            session.info.setdefault(_PENDING_KEY, []).extend(messages)
+    def write(session: Session, entities: list[HasDomainEvents]) -> None:
+        if not entities:
+            return
+        messages = [
+            e if isinstance(e, Message) else e()
+            for entity in entities
+            for e in entity.pending_events()
+        ]
+        outbox.add(session.connection(), messages)
+        for entity in entities:  # taken only once written: a failed flush keeps them
+            entity._take_events()
+        session.info.setdefault(_PENDING_KEY, []).extend(messages)
 
     @event.listens_for(target, "after_flush")
     def write_flushed_events(session: Session, _flush_context: Any) -> None:
         # Entities flushed earlier that only recorded an event since are clean, so they
         # are in the identity map but not in new/dirty/deleted.
         changed = (*session.new, *session.dirty, *session.deleted)
-        write(session, _drain((*changed, *session.identity_map.values())))
+        unique = {
+            id(e): e for e in (*changed, *session.identity_map.values())
+        }  # no __hash__ needed
+        write(session, _pending(unique.values()))
 
     @event.listens_for(target, "before_commit")
     def write_events_of_clean_entities(session: Session) -> None:
         if not (session.new or session.dirty or session.deleted):  # no flush will follow
-            write(session, _drain(session.identity_map.values()))
+            write(session, _pending(session.identity_map.values()))
 
     @event.listens_for(target, "after_commit")
     def announce(session: Session) -> None:

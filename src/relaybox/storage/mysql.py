@@ -302,7 +302,8 @@ class MySQLStorage:
         ]  # fmt: skip
 
     async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
-        return await self._update("delete_published" if delete else "mark_published", seqs, token)
+        name = "delete_published" if delete else "mark_published"
+        return await self._update(name, seqs, _token(token))
 
     async def mark_failed(self, token: str, failures: Sequence[Failure]) -> int:
         rows = [[f.seq, _text(f.error), float(f.retry_in)] for f in _ordered(failures)]
@@ -317,18 +318,18 @@ class MySQLStorage:
         if not rows:
             return 0
         return await self._execute(
-            self._queries[name], [json.dumps(rows, ensure_ascii=False), token]
+            self._queries[name], [json.dumps(rows, ensure_ascii=False), _token(token)]
         )
 
     async def release(self, token: str, seqs: Sequence[int]) -> int:
-        return await self._update("release", seqs, token)
+        return await self._update("release", seqs, _token(token))
 
     async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
         if not seqs:
             return 0
         query = self._query("renew", seqs=len(seqs))
         return await self._execute(
-            query, [float(lease_seconds), *sorted(int(s) for s in seqs), token]
+            query, [float(lease_seconds), *sorted(int(s) for s in seqs), _token(token)]
         )
 
     async def recover_expired(self) -> int:
@@ -434,3 +435,8 @@ def _chunks(rows: list[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:
         size += len(row[8])
     if chunk:
         yield chunk
+
+
+def _token(token: str) -> str:
+    """Tokens are stored in canonical form; parse like the other backends do."""
+    return str(uuid.UUID(token))

@@ -1,15 +1,14 @@
 """Recognising the caller's connection or session, and executing through it.
 
-Drivers are recognised by the module their connection class lives in, so nothing is
-imported that the caller does not already use. The writer only executes statements:
-it never begins, commits, rolls back or closes anything.
+Drivers are recognised by the classes in the connection's type hierarchy (module and
+name), so nothing is imported that the caller does not already use, and subclasses
+(a project's own Session class, say) are recognised too. The writer only executes
+statements: it never begins, commits, rolls back or closes anything.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -33,8 +32,25 @@ class Channel:
     execute: Any  # SyncExecute or AsyncExecute, by the side it was made for
 
 
-def _root(connection: object) -> str:
-    return type(connection).__module__.split(".", 1)[0]
+_lineages: dict[type, frozenset[tuple[str, str]]] = {}
+
+
+def _lineage(kind: type) -> frozenset[tuple[str, str]]:
+    """(top-level module, class name) of every class `kind` derives from, cached per type."""
+    found = _lineages.get(kind)
+    if found is None:
+        found = frozenset((c.__module__.split(".", 1)[0], c.__name__) for c in kind.__mro__)
+        _lineages[kind] = found
+    return found
+
+
+def _is(connection: Any, root: str, *names: str) -> bool:
+    lineage = _lineage(type(connection))
+    return any((root, name) in lineage for name in names)
+
+
+def _from(connection: Any, root: str) -> bool:
+    return any(module == root for module, _ in _lineage(type(connection)))
 
 
 def _unsupported(connection: object, side: str) -> UnsupportedConnectionError:
@@ -44,6 +60,13 @@ def _unsupported(connection: object, side: str) -> UnsupportedConnectionError:
         "sqlite3, aiosqlite, PyMySQL, aiomysql or asyncmy connection, a SQLAlchemy "
         "Connection/Session/AsyncSession, or Django's connection"
     )
+
+
+def _psycopg_style(connection: Any) -> ParamStyle:
+    """psycopg's raw cursors take `$n`; its default cursors take `%s`."""
+    factory = getattr(connection, "cursor_factory", None)
+    raw = factory is not None and any(c.__name__ == "RawCursorMixin" for c in factory.__mro__)
+    return "numeric_dollar" if raw else "format"
 
 
 # -- sync ---------------------------------------------------------------------------
@@ -83,41 +106,22 @@ def _django(connection: Any) -> Channel:
     return Channel(dialect, "format", execute)  # Django's cursors all take %s
 
 
-_sync_channels: weakref.WeakKeyDictionary[Any, Channel] = weakref.WeakKeyDictionary()
+_SYNC_KINDS: tuple[tuple[str, tuple[str, ...], Callable[[Any], Channel]], ...] = (
+    ("sqlite3", ("Connection",), lambda c: Channel("sqlite", "qmark", _dbapi(c))),
+    ("psycopg", ("Connection",), lambda c: Channel("postgresql", _psycopg_style(c), _dbapi(c))),
+    ("psycopg2", ("connection",), lambda c: Channel("postgresql", "format", _dbapi(c))),
+    ("pymysql", ("Connection",), lambda c: Channel("mysql", "format", _dbapi(c))),
+    ("sqlalchemy", ("Connection",), _sqlalchemy_sync),
+    # A session hands out a new Connection per transaction: resolve it on every call.
+    ("sqlalchemy", ("Session", "scoped_session"), lambda c: _sqlalchemy_sync(c.connection())),
+)
 
 
 def sync_channel(connection: Any) -> Channel:
-    """The channel for `connection`, remembered while the connection lives."""
-    try:
-        return _sync_channels[connection]
-    except (KeyError, TypeError):  # TypeError: not weak-referenceable
-        pass
-    channel = _make_sync_channel(connection)
-    # A Session hands out a new Connection per transaction: resolve it every time.
-    if type(connection).__name__ not in ("Session", "scoped_session"):
-        with contextlib.suppress(TypeError):
-            _sync_channels[connection] = channel
-    return channel
-
-
-def _make_sync_channel(connection: Any) -> Channel:
-    root = _root(connection)
-    if root == "sqlite3":
-        return Channel("sqlite", "qmark", _dbapi(connection))
-    if root in ("psycopg", "psycopg2") and not _is_async(connection):
-        return Channel("postgresql", "format", _dbapi(connection))
-    if root == "pymysql":
-        return Channel("mysql", "format", _dbapi(connection))
-    if root == "sqlalchemy":
-        if hasattr(connection, "exec_driver_sql") and not _is_async(connection):
-            return _sqlalchemy_sync(connection)
-        if (
-            hasattr(connection, "connection")
-            and callable(connection.connection)
-            and (type(connection).__name__ in ("Session", "scoped_session"))
-        ):
-            return _sqlalchemy_sync(connection.connection())
-    if root == "django":
+    for root, names, make in _SYNC_KINDS:
+        if _is(connection, root, *names):
+            return make(connection)
+    if _from(connection, "django") and hasattr(connection, "vendor"):
         return _django(connection)
     raise _unsupported(connection, "Outbox.add (use add_async for async connections)")
 
@@ -125,11 +129,7 @@ def _make_sync_channel(connection: Any) -> Channel:
 # -- async --------------------------------------------------------------------------
 
 
-def _is_async(connection: Any) -> bool:
-    return type(connection).__name__.startswith("Async")
-
-
-def _psycopg_async(connection: Any) -> AsyncExecute:
+def _cursor_async(connection: Any) -> AsyncExecute:
     async def execute(query: str, params: Sequence[Any]) -> None:
         async with connection.cursor() as cursor:
             await cursor.execute(query, params)
@@ -153,10 +153,10 @@ def _aiosqlite(connection: Any) -> AsyncExecute:
 
 
 async def _sqlalchemy_async(connection: Any) -> Channel:
-    if type(connection).__name__ in ("AsyncSession", "async_scoped_session"):
+    if _is(connection, "sqlalchemy", "AsyncSession", "async_scoped_session"):
         connection = await connection.connection()
     dialect = _SQLALCHEMY_DIALECTS.get(connection.dialect.name)
-    if dialect is None or not hasattr(connection, "exec_driver_sql"):
+    if dialect is None:
         raise _unsupported(connection, "Outbox.add_async")
 
     async def execute(query: str, params: Sequence[Any]) -> None:
@@ -166,15 +166,14 @@ async def _sqlalchemy_async(connection: Any) -> Channel:
 
 
 async def async_channel(connection: Any) -> Channel:
-    root = _root(connection)
-    if root == "psycopg" and _is_async(connection):
-        return Channel("postgresql", "format", _psycopg_async(connection))
-    if root == "asyncpg":
+    if _is(connection, "psycopg", "AsyncConnection"):
+        return Channel("postgresql", _psycopg_style(connection), _cursor_async(connection))
+    if _is(connection, "asyncpg", "Connection", "PoolConnectionProxy"):
         return Channel("postgresql", "numeric_dollar", _asyncpg(connection))
-    if root == "aiosqlite":
+    if _is(connection, "aiosqlite", "Connection"):
         return Channel("sqlite", "qmark", _aiosqlite(connection))
-    if root in ("aiomysql", "asyncmy"):
-        return Channel("mysql", "format", _psycopg_async(connection))  # same cursor shape
-    if root == "sqlalchemy" and _is_async(connection):
+    if _is(connection, "aiomysql", "Connection") or _is(connection, "asyncmy", "Connection"):
+        return Channel("mysql", "format", _cursor_async(connection))
+    if _is(connection, "sqlalchemy", "AsyncConnection", "AsyncSession", "async_scoped_session"):
         return await _sqlalchemy_async(connection)
     raise _unsupported(connection, "Outbox.add_async (use add for sync connections)")
