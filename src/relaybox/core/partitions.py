@@ -26,3 +26,11 @@ KEY_LOCK_SLOTS = 4096
 
 def key_lock_slot(key: str) -> int:
     return zlib.crc32(key.encode("utf-8")) % KEY_LOCK_SLOTS
+
+
+def key_lock_id(table: str, key: str | None) -> int | None:
+    """A signed 64-bit advisory-lock id for (table, key); None for keyless messages."""
+    if key is None:
+        return None
+    high = zlib.crc32(table.encode("utf-8"))
+    return ((high << 32) | zlib.crc32(key.encode("utf-8"))) - (1 << 63)

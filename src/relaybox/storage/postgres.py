@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.lifecycle import Status
+from relaybox.core.partitions import key_lock_id
 from relaybox.core.records import Claim, Failure, InsertRow, OutboxStats
 from relaybox.errors import StorageError, StorageIntegrityError, StorageOperationalError
 from relaybox.storage.rows import by_seq
@@ -153,7 +154,8 @@ class PostgresStorage:
 
     async def write(self, rows: Sequence[InsertRow]) -> None:
         if rows:
-            columns = [list(column) for column in zip(*rows, strict=True)]
+            columns: list[list[Any]] = [list(column) for column in zip(*rows, strict=True)]
+            columns.append([key_lock_id(self.table, row[4]) for row in rows])
             await self._run("insert_many", columns, rows=False)
 
     async def claim(

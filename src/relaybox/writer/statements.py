@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from relaybox import sql
-from relaybox.core.partitions import key_lock_slot
+from relaybox.core.partitions import key_lock_id, key_lock_slot
 from relaybox.core.records import InsertRow
 from relaybox.sql.params import ParamStyle, native_style, restyle_with_order, row_params
 
@@ -73,17 +73,26 @@ def inserts(
     return _inserts(dialect, table, style, rows)
 
 
+def _postgres_insert(table: str, style: ParamStyle, rows: Sequence[InsertRow]) -> Statement:
+    """PostgreSQL's INSERTs carry the writer's key-lock ids as a last parameter."""
+    if len(rows) == 1:
+        row = rows[0]
+        lock = key_lock_id(table, row[4])
+        if not row[-1]:  # no delay: available_at takes its default
+            return _statement("postgresql", table, style, "insert_one_now", (*row[:-1], lock))
+        return _statement("postgresql", table, style, "insert_one", (*row, lock))
+    columns: list[list[Any]] = [list(column) for column in zip(*rows, strict=True)]
+    columns.append([key_lock_id(table, row[4]) for row in rows])
+    return _statement("postgresql", table, style, "insert_many", columns)
+
+
 def _inserts(
     dialect: str, table: str, style: ParamStyle, rows: Sequence[InsertRow]
 ) -> list[Statement]:
-    if len(rows) == 1:
-        row = rows[0]
-        if dialect == "postgresql" and not row[-1]:  # no delay: available_at = now()
-            return [_statement(dialect, table, style, "insert_one_now", row[:-1])]
-        return [_statement(dialect, table, style, "insert_one", row_params(dialect, row))]
     if dialect == "postgresql":
-        columns = [list(column) for column in zip(*rows, strict=True)]
-        return [_statement(dialect, table, style, "insert_many", columns)]
+        return [_postgres_insert(table, style, rows)]
+    if len(rows) == 1:
+        return [_statement(dialect, table, style, "insert_one", row_params(dialect, rows[0]))]
     statements = []
     for chunk in _chunks(rows):
         params = [value for row in chunk for value in row_params(dialect, row)]

@@ -1,36 +1,29 @@
 -- name: insert_one
--- Writers of one key take turns (a transaction-scoped advisory lock on the key, taken
--- before the row gets its seq), so a key's seq order is also its commit order: the
--- relay can never see seq 2 of a key committed while seq 1 is still in flight.
-WITH key_lock AS (
-    SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $5::text, 0))
-    WHERE $5::text IS NOT NULL
-)
+-- Writers of one key take turns: a transaction-scoped advisory lock on the key ($17,
+-- computed by the writer; NULL for a keyless message, which the strict function then
+-- skips) is taken before the row gets its seq, so a key's seq order is also its commit
+-- order: the relay can never see seq 2 of a key committed while seq 1 is in flight.
 INSERT INTO {table} (id, target, external, topic, key, partition, type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
     available_at)
 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15,
     now() + $16::float8 * interval '1 second'
-FROM (SELECT count(*) FROM key_lock) AS locked;
+FROM pg_advisory_xact_lock($17::bigint) AS key_lock;
 
 -- name: insert_one_now
--- The common case, no delay: available_at takes its default, one parameter fewer.
-WITH key_lock AS (
-    SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $5::text, 0))
-    WHERE $5::text IS NOT NULL
-)
+-- The common case, no delay: available_at takes its default. $16 is the key lock.
 INSERT INTO {table} (id, target, external, topic, key, partition, type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at)
 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15
-FROM (SELECT count(*) FROM key_lock) AS locked;
+FROM pg_advisory_xact_lock($16::bigint) AS key_lock;
 
 -- name: insert_many
 -- One statement, one shape, whatever the number of rows: arrays unnested, rows kept in
 -- the caller's order (so seq follows it), key locks taken in a fixed order.
 WITH key_lock AS (
     SELECT pg_advisory_xact_lock(h) FROM (
-        SELECT DISTINCT hashtextextended('{table}:' || k, 0) AS h
-        FROM unnest($5::text[]) AS k WHERE k IS NOT NULL ORDER BY 1) AS hashes
+        SELECT DISTINCT h FROM unnest($17::bigint[]) AS h WHERE h IS NOT NULL ORDER BY 1
+    ) AS locks
 )
 INSERT INTO {table} (id, target, external, topic, key, partition, type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
