@@ -61,6 +61,12 @@ class World:
         with sqlite3.connect(self.db) as lite:
             return lite.execute(statement).fetchall()
 
+    def rows(self) -> list[tuple[str, str | None, str, str, bytes]]:
+        """(id, key, topic, type, payload) of every outbox row, in seq order."""
+        key = "`key`" if self.dialect == "mysql" else "key"
+        found = self._run(f"SELECT id, {key}, topic, type, payload FROM {self.table} ORDER BY seq")
+        return [(str(i), k, t, ty, bytes(p)) for i, k, t, ty, p in found]
+
     def business_insert(self) -> str:
         return f"INSERT INTO {self.business} (name) VALUES ('order')"
 
@@ -115,13 +121,19 @@ BAD_INPUTS = [
 def test_sync_commit_writes_rows(sync_case: tuple[World, SyncCase]) -> None:
     world, case = sync_case
     case.run(world.business_insert())
-    world.outbox.add(case.handle, Message(topic="orders", key="o-1", payload={"total": 3}))
+    first = Message(topic="orders", key="o-1", type="OrderPlaced", payload={"total": 3})
+    world.outbox.add(case.handle, first)
+    world.outbox.add(case.handle, Message(topic="audit", payload=b"keyless"))
+    world.outbox.add(case.handle, Message(topic="audit", payload="later", delay=5))
     world.outbox.add(
         case.handle, [*messages(3), Message(topic="orders", targets=["default", "partner"])]
     )
     case.commit()
     assert world.count(world.business) == 1
-    assert world.count(world.table) == 6  # 1 + 3 + one message to two targets
+    assert world.count(world.table) == 8  # 1 + 1 + 1 + 3 + one message to two targets
+    rows = world.rows()  # every value landed in its own column
+    assert rows[0] == (str(first.id), "o-1", "orders", "OrderPlaced", b'{"total":3}')
+    assert rows[1][1:] == (None, "audit", "audit", b"keyless")
 
 
 def test_sync_rollback_leaves_nothing(sync_case: tuple[World, SyncCase]) -> None:
@@ -150,15 +162,19 @@ def test_sync_bad_input_raises_and_keeps_the_transaction(
 async def test_async_commit_writes_rows(async_case: tuple[World, AsyncCase]) -> None:
     world, case = async_case
     await case.run(world.business_insert())
-    await world.outbox.add_async(
-        case.handle, Message(topic="orders", key="o-1", payload={"total": 3})
-    )
+    first = Message(topic="orders", key="o-1", type="OrderPlaced", payload={"total": 3})
+    await world.outbox.add_async(case.handle, first)
+    await world.outbox.add_async(case.handle, Message(topic="audit", payload=b"keyless"))
+    await world.outbox.add_async(case.handle, Message(topic="audit", payload="later", delay=5))
     await world.outbox.add_async(
         case.handle, [*messages(3), Message(topic="orders", targets=["default", "partner"])]
     )
     await case.commit()
     assert world.count(world.business) == 1
-    assert world.count(world.table) == 6
+    assert world.count(world.table) == 8  # 1 + 1 + 1 + 3 + one message to two targets
+    rows = world.rows()
+    assert rows[0] == (str(first.id), "o-1", "orders", "OrderPlaced", b'{"total":3}')
+    assert rows[1][1:] == (None, "audit", "audit", b"keyless")
 
 
 async def test_async_rollback_leaves_nothing(async_case: tuple[World, AsyncCase]) -> None:

@@ -39,7 +39,13 @@ def _raw_queries(dialect: Dialect) -> dict[str, str]:
     text = _read(dialect, "queries.sql")
     names = _QUERY_HEADER.findall(text)
     bodies = _QUERY_HEADER.split(text)[2::2]
-    return {name: body.strip().rstrip(";") for name, body in zip(names, bodies, strict=True)}
+    # Comments go: a placeholder mentioned in a comment would count as a parameter.
+    return {name: _uncommented(body).rstrip(";") for name, body in zip(names, bodies, strict=True)}
+
+
+def _uncommented(body: str) -> str:
+    lines = (line for line in body.splitlines() if not line.lstrip().startswith("--"))
+    return "\n".join(lines).strip()
 
 
 @functools.cache

@@ -6,15 +6,19 @@
 INSERT INTO {table} (id, target, external, topic, key, partition, type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
     available_at)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15,
-    now() + $16::float8 * interval '1 second'
+-- In a SELECT list parameters get no type from the target columns: cast every one.
+SELECT $1::uuid, $2::text, $3::boolean, $4::text, $5::text, $6::integer, $7::text,
+    $8::text, $9::bytea, $10::jsonb, $11::text, $12::text, $13::text, $14::text,
+    $15::timestamptz, now() + $16::float8 * interval '1 second'
 FROM pg_advisory_xact_lock($17::bigint) AS key_lock;
 
 -- name: insert_one_now
 -- The common case, no delay: available_at takes its default. $16 is the key lock.
 INSERT INTO {table} (id, target, external, topic, key, partition, type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15
+SELECT $1::uuid, $2::text, $3::boolean, $4::text, $5::text, $6::integer, $7::text,
+    $8::text, $9::bytea, $10::jsonb, $11::text, $12::text, $13::text, $14::text,
+    $15::timestamptz
 FROM pg_advisory_xact_lock($16::bigint) AS key_lock;
 
 -- name: insert_many
