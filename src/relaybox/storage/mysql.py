@@ -13,7 +13,7 @@ import asyncio
 import itertools
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from relaybox import sql
@@ -21,8 +21,8 @@ from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.lifecycle import Status
 from relaybox.core.records import Claim, Failure, InsertRow, OutboxStats
 from relaybox.errors import StorageError, StorageIntegrityError, StorageOperationalError
-from relaybox.sql.params import row_params
-from relaybox.storage.rows import by_seq
+from relaybox.sql.inserts import inserts
+from relaybox.storage.rows import by_seq, lease_token
 from relaybox.storage.urls import DatabaseUrl
 
 T = TypeVar("T")
@@ -31,8 +31,6 @@ Candidate = tuple[int, str, "str | None"]
 #: CLIENT_FOUND_ROWS: an UPDATE reports the rows it matched, as PostgreSQL does.
 _FOUND_ROWS = 2
 _MAX_SEQ = 2**63 - 1
-_CHUNK_ROWS = 1000
-_CHUNK_BYTES = 4 * 1024 * 1024
 _SESSION = (
     "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
     "SET time_zone = '+00:00'",
@@ -224,20 +222,14 @@ class MySQLStorage:
         return await self._execute(query, [*sorted(int(s) for s in seqs), *args])
 
     async def write(self, rows: Sequence[InsertRow]) -> None:
-        chunks = list(_chunks([row_params("mysql", row) for row in rows]))
+        statements = inserts("mysql", self.table, "format", rows)  # key locks, then chunks
 
         async def insert(driver: _Driver) -> None:
-            for chunk in chunks:
-                query = self._insert(len(chunk))
-                await driver.execute(query, list(itertools.chain.from_iterable(chunk)))
+            for statement in statements:
+                await driver.execute(statement.query, list(statement.params))
 
-        if chunks:
-            await self._run(insert, transaction=len(chunks) > 1)
-
-    def _insert(self, count: int) -> str:
-        return (
-            self._queries["insert_values"] + " " + ", ".join([self._queries["insert_row"]] * count)
-        )
+        if rows:
+            await self._run(insert, transaction=True)
 
     async def claim(
         self,
@@ -303,7 +295,7 @@ class MySQLStorage:
 
     async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
         name = "delete_published" if delete else "mark_published"
-        return await self._update(name, seqs, _token(token))
+        return await self._update(name, seqs, lease_token(token))
 
     async def mark_failed(self, token: str, failures: Sequence[Failure]) -> int:
         rows = [[f.seq, _text(f.error), float(f.retry_in)] for f in _ordered(failures)]
@@ -318,18 +310,18 @@ class MySQLStorage:
         if not rows:
             return 0
         return await self._execute(
-            self._queries[name], [json.dumps(rows, ensure_ascii=False), _token(token)]
+            self._queries[name], [json.dumps(rows, ensure_ascii=False), lease_token(token)]
         )
 
     async def release(self, token: str, seqs: Sequence[int]) -> int:
-        return await self._update("release", seqs, _token(token))
+        return await self._update("release", seqs, lease_token(token))
 
     async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
         if not seqs:
             return 0
         query = self._query("renew", seqs=len(seqs))
         return await self._execute(
-            query, [float(lease_seconds), *sorted(int(s) for s in seqs), _token(token)]
+            query, [float(lease_seconds), *sorted(int(s) for s in seqs), lease_token(token)]
         )
 
     async def recover_expired(self) -> int:
@@ -421,22 +413,3 @@ def _ordered(failures: Sequence[Failure]) -> list[Failure]:
 def _text(value: str) -> str:
     """An error as valid UTF-8: a lone surrogate must not make the mark itself fail."""
     return str(value).encode("utf-8", "replace").decode("utf-8")
-
-
-def _chunks(rows: list[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:
-    """At most 1000 rows, and about 4 MiB of payload, per INSERT statement."""
-    chunk: list[tuple[Any, ...]] = []
-    size = 0
-    for row in rows:
-        if chunk and (len(chunk) >= _CHUNK_ROWS or size + len(row[8]) > _CHUNK_BYTES):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(row)
-        size += len(row[8])
-    if chunk:
-        yield chunk
-
-
-def _token(token: str) -> str:
-    """Tokens are stored in canonical form; parse like the other backends do."""
-    return str(uuid.UUID(token))

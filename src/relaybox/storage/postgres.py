@@ -16,10 +16,10 @@ from typing import Any, Protocol
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.lifecycle import Status
-from relaybox.core.partitions import key_lock_id
 from relaybox.core.records import Claim, Failure, InsertRow, OutboxStats
 from relaybox.errors import StorageError, StorageIntegrityError, StorageOperationalError
-from relaybox.storage.rows import by_seq
+from relaybox.sql.inserts import inserts
+from relaybox.storage.rows import by_seq, lease_token
 from relaybox.storage.urls import DatabaseUrl
 
 
@@ -134,12 +134,15 @@ class PostgresStorage:
         return self._driver
 
     async def _run(self, name: str, args: Sequence[Any], *, rows: bool) -> Any:
+        return await self._run_sql(self._queries[name], args, rows=rows)
+
+    async def _run_sql(self, query: str, args: Sequence[Any], *, rows: bool) -> Any:
         async with self._lock:
             driver = await self._connected()
             try:
                 if rows:
-                    return await driver.fetch(self._queries[name], args)
-                return await driver.execute(self._queries[name], args)
+                    return await driver.fetch(query, args)
+                return await driver.execute(query, args)
             except Exception as exc:
                 error = translate(exc)
                 if isinstance(error, StorageOperationalError):
@@ -153,10 +156,9 @@ class PostgresStorage:
                 await driver.close()
 
     async def write(self, rows: Sequence[InsertRow]) -> None:
-        if rows:
-            columns: list[list[Any]] = [list(column) for column in zip(*rows, strict=True)]
-            columns.append([key_lock_id(self.table, row[4]) for row in rows])
-            await self._run("insert_many", columns, rows=False)
+        # PostgreSQL's inserts are always one statement, so no transaction is needed.
+        for statement in inserts("postgresql", self.table, "numeric_dollar", rows):
+            await self._run_sql(statement.query, statement.params, rows=False)
 
     async def claim(
         self,
@@ -174,22 +176,22 @@ class PostgresStorage:
 
     async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
         name = "delete_published" if delete else "mark_published"
-        return int(await self._run(name, [list(seqs), uuid.UUID(token)], rows=False))
+        return int(await self._run(name, [list(seqs), lease_token(token)], rows=False))
 
     async def mark_failed(self, token: str, failures: Sequence[Failure]) -> int:
         args = [[f.seq for f in failures], [f.error for f in failures],
-                [float(f.retry_in) for f in failures], uuid.UUID(token)]  # fmt: skip
+                [float(f.retry_in) for f in failures], lease_token(token)]  # fmt: skip
         return int(await self._run("mark_failed", args, rows=False))
 
     async def abandon(self, token: str, failures: Sequence[Failure]) -> int:
-        args = [[f.seq for f in failures], [f.error for f in failures], uuid.UUID(token)]
+        args = [[f.seq for f in failures], [f.error for f in failures], lease_token(token)]
         return int(await self._run("abandon", args, rows=False))
 
     async def release(self, token: str, seqs: Sequence[int]) -> int:
-        return int(await self._run("release", [list(seqs), uuid.UUID(token)], rows=False))
+        return int(await self._run("release", [list(seqs), lease_token(token)], rows=False))
 
     async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
-        args = [list(seqs), uuid.UUID(token), float(lease_seconds)]
+        args = [list(seqs), lease_token(token), float(lease_seconds)]
         return int(await self._run("renew", args, rows=False))
 
     async def recover_expired(self) -> int:

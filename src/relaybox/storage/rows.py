@@ -55,3 +55,8 @@ def decode(row: Sequence[Any]) -> StoredMessage:
 
 def by_seq(rows: Sequence[Sequence[Any]]) -> list[StoredMessage]:
     return sorted((decode(row) for row in rows), key=lambda m: m.seq)
+
+
+def lease_token(token: str) -> str:
+    """A claim's token in canonical form; a malformed one raises ValueError everywhere."""
+    return str(uuid.UUID(token))

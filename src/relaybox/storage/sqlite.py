@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import json
 import sqlite3
 import uuid
@@ -34,13 +33,10 @@ from relaybox.errors import (
     StorageIntegrityError,
     StorageOperationalError,
 )
-from relaybox.storage.rows import by_seq
+from relaybox.sql.inserts import inserts
+from relaybox.storage.rows import by_seq, lease_token
 from relaybox.storage.urls import DatabaseUrl
 
-#: SQLite's default cap on bound parameters (SQLITE_MAX_VARIABLE_NUMBER since 3.32).
-MAX_PARAMETERS = 32766
-_ROW_PARAMETERS = 16
-_ROWS_PER_INSERT = (MAX_PARAMETERS - 1) // _ROW_PARAMETERS
 BUSY_TIMEOUT_MS = 5000
 
 
@@ -60,29 +56,8 @@ def translate(exc: BaseException) -> StorageError:
     return StorageError(text)
 
 
-def utc_text(value: datetime.datetime) -> str:
-    """A datetime as the UTC text the table stores (naive means UTC)."""
-    if value.tzinfo is not None:
-        value = value.astimezone(datetime.UTC)
-    return value.strftime("%Y-%m-%d %H:%M:%S.%f")
-
-
-def encode_row(row: InsertRow) -> tuple[Any, ...]:
-    """An `InsertRow` as SQLite parameters, in INSERT_COLUMNS order."""
-    (id_, target, external, topic, key, partition, type_, content_type, payload, headers,
-     correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, delay) = row  # fmt: skip
-    return (str(id_), target, int(external), topic, key, partition, type_, content_type,
-            bytes(payload), headers, correlation_id, causation_id, tenant_id, aggregate_id,
-            utc_text(occurred_at), float(delay))  # fmt: skip
-
-
 def _json(values: Sequence[Any] | None) -> str | None:
     return None if values is None else json.dumps(list(values))
-
-
-def _token(token: str) -> str:
-    """The canonical text of a lease token; a malformed one raises ValueError."""
-    return str(uuid.UUID(token))
 
 
 class SQLiteStorage:
@@ -165,16 +140,10 @@ class SQLiteStorage:
         return found
 
     async def write(self, rows: Sequence[InsertRow]) -> None:
-        encoded = [encode_row(row) for row in rows]
-        steps = [self._insert(encoded[i : i + _ROWS_PER_INSERT])
-                 for i in range(0, len(encoded), _ROWS_PER_INSERT)]  # fmt: skip
+        steps = [(st.query, st.params) for st in inserts("sqlite", self.table, "qmark", rows)]
         if steps:
             async with self._lock:
                 await self._transaction(await self._connected(), steps)
-
-    def _insert(self, rows: Sequence[tuple[Any, ...]]) -> tuple[str, list[Any]]:
-        values = ", ".join([self._queries["insert_row"]] * len(rows))
-        return f"{self._queries['insert_values']} {values}", [v for row in rows for v in row]
 
     async def claim(
         self,
@@ -197,21 +166,21 @@ class SQLiteStorage:
 
     async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
         name = "delete_published" if delete else "mark_published"
-        return await self._execute(name, [_json(seqs), _token(token)])
+        return await self._execute(name, [_json(seqs), lease_token(token)])
 
     async def mark_failed(self, token: str, failures: Sequence[Failure]) -> int:
         rows = [[f.seq, f.error, float(f.retry_in)] for f in failures]
-        return await self._execute("mark_failed", [json.dumps(rows), _token(token)])
+        return await self._execute("mark_failed", [json.dumps(rows), lease_token(token)])
 
     async def abandon(self, token: str, failures: Sequence[Failure]) -> int:
         rows = [[f.seq, f.error] for f in failures]
-        return await self._execute("abandon", [json.dumps(rows), _token(token)])
+        return await self._execute("abandon", [json.dumps(rows), lease_token(token)])
 
     async def release(self, token: str, seqs: Sequence[int]) -> int:
-        return await self._execute("release", [_json(seqs), _token(token)])
+        return await self._execute("release", [_json(seqs), lease_token(token)])
 
     async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
-        return await self._execute("renew", [float(lease_seconds), _json(seqs), _token(token)])
+        return await self._execute("renew", [float(lease_seconds), _json(seqs), lease_token(token)])
 
     async def recover_expired(self) -> int:
         return await self._execute("recover_expired", [])

@@ -11,8 +11,8 @@ from relaybox.core.message import Message, Target
 from relaybox.core.partitions import DEFAULT_PARTITIONS
 from relaybox.core.payload import DEFAULT_MAX_PAYLOAD_BYTES, check_size
 from relaybox.core.records import InsertRow, Routing
+from relaybox.sql.inserts import inserts
 from relaybox.writer.connections import async_channel, sync_channel
-from relaybox.writer.statements import inserts
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,8 @@
-"""The INSERT statements a writer runs, per dialect, parameter style and row count."""
+"""The INSERT statements that write outbox rows, per dialect, parameter style and count.
+
+One builder for every writer of rows: `Outbox.add` (in the caller's style) and each
+storage backend's own `write` (in the dialect's native style), so both take the same
+key locks and chunk the same way."""
 
 from __future__ import annotations
 
