@@ -8,6 +8,7 @@ import click
 
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
+from relaybox.demo import demo
 from relaybox.errors import RelayboxError
 from relaybox.migrations import migrate as run_migrations
 from relaybox.storage.urls import DatabaseUrl
@@ -49,10 +50,4 @@ def schema(dialect: sql.Dialect, table: str) -> None:
         raise click.ClickException(str(exc)) from exc
 
 
-def _register_demo() -> None:
-    from relaybox.demo import demo
-
-    main.add_command(demo)
-
-
-_register_demo()
+main.add_command(demo)

@@ -14,7 +14,6 @@ import json
 import random
 import sqlite3
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -57,25 +56,22 @@ def _write_orders(db: Path, orders: int, outbox: Outbox) -> tuple[set[str], set[
     return committed, rolled_back
 
 
-async def _drain(url: str) -> tuple[list[dict[str, str]], list[float]]:
+async def _drain(url: str) -> list[dict[str, str]]:
     storage = await open_storage(url, table=TABLE)
     delivered: list[dict[str, str]] = []
-    latencies: list[float] = []
     try:
         while True:
             claim = await storage.claim("demo", limit=200, lease_seconds=30)
             if not claim.messages:
                 break
-            now = time.time()
             for row in claim.messages:
                 delivered.append(
                     {"key": row.key or "", "type": row.type, "payload": row.payload.decode()}
                 )
-                latencies.append(now - row.created_at.timestamp())
             await storage.mark_published(claim.token, [m.seq for m in claim.messages], delete=True)
     finally:
         await storage.close()
-    return delivered, latencies
+    return delivered
 
 
 def run_demo(orders: int = 500, directory: Path | None = None) -> dict[str, object]:
@@ -87,7 +83,7 @@ def run_demo(orders: int = 500, directory: Path | None = None) -> dict[str, obje
         outbox = Outbox(table=TABLE)
         click.echo(f"writing {orders} orders with 2 events each into {db} ...")
         committed, rolled_back = _write_orders(db, orders, outbox)
-        delivered, _ = asyncio.run(_drain(url))
+        delivered = asyncio.run(_drain(url))
     seen_orders = {json.loads(d["payload"])["order"] for d in delivered}
     # Per key (customer), events must come out exactly in the order they were written.
     per_key: dict[str, list[tuple[str, int]]] = defaultdict(list)

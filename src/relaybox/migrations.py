@@ -150,7 +150,6 @@ async def migrate(db_url: str, *, table: str = DEFAULT_TABLE) -> MigrationReport
     dialect: sql.Dialect = url.dialect  # type: ignore[assignment]
     steps = sql.migrations(dialect, table)
     latest = steps[-1][0] if steps else 0
-    applied: list[int] = []
     try:
         async with _locked(url, table) as ddl:
             applied = await _migrate(ddl, dialect, table, steps)

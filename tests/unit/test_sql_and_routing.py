@@ -9,7 +9,7 @@ from relaybox import InvalidTableNameError, Message, Target, UnknownTargetError,
 from relaybox.core.identifiers import validate_table_name
 from relaybox.core.partitions import partition_for
 from relaybox.core.records import Routing
-from relaybox.sql.params import restyle, row_params
+from relaybox.sql.params import restyle_with_order, row_params
 from relaybox.storage.urls import DatabaseUrl
 
 
@@ -27,13 +27,13 @@ def test_invalid_table_names(name: str) -> None:
 
 
 def test_restyle_between_parameter_styles() -> None:
-    assert restyle("a = $1 AND b LIKE '5%' AND c = $2", "numeric_dollar", "format") == (
-        "a = %s AND b LIKE '5%%' AND c = %s"
+    assert restyle_with_order("a = $1 AND b LIKE '5%' AND c = $2", "numeric_dollar", "format") == (
+        "a = %s AND b LIKE '5%%' AND c = %s",
+        (0, 1),
     )
-    assert restyle("x = %s, y = '%%'", "format", "qmark") == "x = ?, y = '%'"
-    assert restyle("x = ?, y = ?", "qmark", "numeric_dollar") == "x = $1, y = $2"
-    with pytest.raises(ValueError, match="in order"):
-        restyle("$2, $1", "numeric_dollar", "qmark")
+    assert restyle_with_order("x = %s, y = '%%'", "format", "qmark") == ("x = ?, y = '%'", (0,))
+    assert restyle_with_order("x = ?, y = ?", "qmark", "numeric_dollar")[0] == "x = $1, y = $2"
+    assert restyle_with_order("$2, $1", "numeric_dollar", "qmark") == ("?, ?", (1, 0))
 
 
 @pytest.mark.parametrize("dialect", sql.DIALECTS)
@@ -128,8 +128,6 @@ def test_routing_rejects_settings_that_would_lose_or_duplicate_messages(
 
 
 def test_restyle_reorders_repeated_numbered_parameters() -> None:
-    from relaybox.sql.params import restyle_with_order
-
     text, order = restyle_with_order("f($5) AND a = $1 AND e = $5", "numeric_dollar", "format")
     assert text == "f(%s) AND a = %s AND e = %s"
     assert order == (4, 0, 4)

@@ -34,14 +34,6 @@ def native_style(dialect: str) -> ParamStyle:
     return _NATIVE_STYLE[dialect]
 
 
-def restyle(query: str, source: ParamStyle, target: ParamStyle) -> str:
-    """Re-render `query`'s placeholders for `target`; `$n` must appear as $1..$n in order."""
-    text, order = restyle_with_order(query, source, target)
-    if order != tuple(range(len(order))):
-        raise ValueError("restyle needs $1..$n in order of appearance")
-    return text
-
-
 @functools.lru_cache(maxsize=256)
 def restyle_with_order(
     query: str, source: ParamStyle, target: ParamStyle
