@@ -39,8 +39,12 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     name: str = request.param
     url = _url(name, tmp_path)
     table = unique_table("conf")
-    await create(url, table)
-    storage = await open_storage(url, table=table)
+    try:
+        await create(url, table)
+        storage = await open_storage(url, table=table)
+    except BaseException:
+        drop(url, table)  # a failed migration may have left its tracking table
+        raise
     opened = [storage]
 
     async def another() -> OutboxStorage:
