@@ -6,11 +6,29 @@ a table with only a primary key, then COMMIT.
 
 The commit's fsync dominates, and its latency drifts a lot on this VM's disk (steal
 time, neighbours), so separate runs per variant are not comparable. Each client
-therefore alternates the two variants transaction by transaction, and each variant's
-throughput is clients / mean transaction time: both see the same disk at the same
+therefore alternates the variants transaction by transaction, and each variant's
+throughput is clients / mean transaction time: all see the same disk at the same
 moments. Prints JSON.
 
+Variants (`--variants`, comma-separated, rotated in that order):
+
+- `plain`: the plain INSERT.
+- `outbox`: `Outbox(notify=False)`.
+- `outbox-notify`: `Outbox(notify=True)`, a NOTIFY at most every 0.05 s per client.
+- `outbox-notify-every`: `Outbox(notify=0)`, a NOTIFY in every transaction.
+
+`--notify` is short for `--variants outbox,outbox-notify,outbox-notify-every`. While
+any variant notifies, a relaybox listener (`relaybox.storage.pg_listen`) runs in its
+own process, as a relay would, and counts what it receives.
+
+Alternating per transaction, a NOTIFY-every-time variant commits next to other
+variants' transactions, so only part of the clients contend for NOTIFY's commit lock
+at any moment. `--slice S` instead switches all clients to the next variant together
+every S seconds of wall-clock time: each variant then runs at full contention, and
+drift still hits all variants alike.
+
     .venv/bin/python benchmarks/writer_overhead.py [--seconds 30] [--clients 4]
+        [--variants plain,outbox | --notify] [--slice 0.5]
 """
 
 from __future__ import annotations
@@ -23,6 +41,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -72,62 +91,146 @@ def plain_insert(conn: psycopg.Connection, n: int, padding: bytes) -> None:
     )  # fmt: skip
 
 
-def transaction(
-    conn: psycopg.Connection, outbox: Outbox, variant: str, n: int, padding: bytes
-) -> None:
+NOTIFY_SETTINGS: dict[str, bool | float] = {
+    "outbox": False,
+    "outbox-notify": True,
+    "outbox-notify-every": 0,
+}
+VARIANTS = ("plain", *NOTIFY_SETTINGS)
+
+
+def transaction(conn: psycopg.Connection, outbox: Outbox | None, n: int, padding: bytes) -> bool:
+    """One business transaction; True if it carried a NOTIFY."""
     conn.execute(f"INSERT INTO {ORDERS} (customer, total) VALUES (%s, %s)", ("c-000042", 129.9))
-    if variant == "outbox":
-        outbox.add(conn, sample_message(n))
-    else:
+    notified = False
+    if outbox is None:
         plain_insert(conn, n, padding)
+    else:
+        before = outbox._next_notify
+        outbox.add(conn, sample_message(n))
+        notified = outbox._next_notify != before
     conn.commit()
+    return notified
 
 
-def client(seconds: float, padding: bytes, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    outbox = Outbox(table=OUTBOX)
-    spent = {"plain": 0.0, "outbox": 0.0}
-    count = {"plain": 0, "outbox": 0}
+def client(
+    seconds: float,
+    variants: list[str],
+    padding: bytes,
+    queue: multiprocessing.Queue,  # type: ignore[type-arg]
+) -> None:
+    outboxes = {
+        v: None if v == "plain" else Outbox(table=OUTBOX, notify=NOTIFY_SETTINGS[v])
+        for v in variants
+    }
+    spent = dict.fromkeys(variants, 0.0)
+    count = dict.fromkeys(variants, 0)
+    notified = dict.fromkeys(variants, 0)
     with psycopg.connect(PG_URL) as conn:
         for n in range(20):  # warm up: prepared statements, caches
-            transaction(conn, outbox, ("plain", "outbox")[n % 2], n, padding)
+            transaction(conn, outboxes[variants[n % len(variants)]], n, padding)
         deadline = time.perf_counter() + seconds
         n = 0
         while time.perf_counter() < deadline:
-            variant = ("plain", "outbox")[n % 2]
+            if slice_seconds:  # the same variant in every client at the same moment
+                variant = variants[int(time.time() / slice_seconds) % len(variants)]
+            else:
+                variant = variants[n % len(variants)]
             start = time.perf_counter()
-            transaction(conn, outbox, variant, n, padding)
+            notified[variant] += transaction(conn, outboxes[variant], n, padding)
             spent[variant] += time.perf_counter() - start
             count[variant] += 1
             n += 1
-    queue.put((spent, count))
+    queue.put((spent, count, notified))
+
+
+def listener(ready: Any, stop: Any, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    """A relay's LISTEN, counting wake-ups until `stop` is set."""
+    from relaybox.storage.pg_listen import listen
+
+    async def run() -> int:
+        wakes = [0]
+
+        def woken() -> None:
+            wakes[0] += 1
+
+        found = await listen(PG_URL, OUTBOX, woken)
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.1)
+        await found.close()
+        return wakes[0]
+
+    queue.put(asyncio.run(run()))
+
+
+def parse_variants(args: argparse.Namespace) -> list[str]:
+    if args.notify:
+        return ["outbox", "outbox-notify", "outbox-notify-every"]
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown or not variants or len(set(variants)) != len(variants):
+        raise SystemExit(f"--variants: pick distinct ones of {', '.join(VARIANTS)}")
+    return variants
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--variants", default="plain,outbox")
+    parser.add_argument("--notify", action="store_true")
+    parser.add_argument("--slice", type=float, default=None)
     args = parser.parse_args()
+    variants = parse_variants(args)
     padding = setup()
     queue: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
-    procs = [multiprocessing.Process(target=client, args=(args.seconds, padding, queue))
+    wakes_queue: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
+    ready, stop = multiprocessing.Event(), multiprocessing.Event()
+    listening = any(NOTIFY_SETTINGS.get(v) is not False for v in variants if v != "plain")
+    if listening:
+        watcher = multiprocessing.Process(target=listener, args=(ready, stop, wakes_queue))
+        watcher.start()
+        ready.wait(30)
+    procs = [multiprocessing.Process(target=client, args=(args.seconds, variants, args.slice, padding, queue))
              for _ in range(args.clients)]  # fmt: skip
     for p in procs:
         p.start()
     parts = [queue.get() for _ in procs]
     for p in procs:
         p.join()
+    wakes = None
+    if listening:
+        stop.set()
+        wakes = wakes_queue.get()
+        watcher.join()
+    print(json.dumps(report(args, variants, padding, parts, wakes), indent=2))
+
+
+def report(
+    args: argparse.Namespace, variants: list[str], padding: bytes, parts: list[Any],
+    wakes: int | None,
+) -> dict[str, Any]:  # fmt: skip
     tps = {}
-    for variant in ("plain", "outbox"):
+    for variant in variants:
         spent = sum(part[0][variant] for part in parts)
         count = sum(part[1][variant] for part in parts)
         tps[variant] = args.clients * count / spent
-    print(json.dumps({
+    result: dict[str, Any] = {
         "benchmark": "writer_overhead", "clients": args.clients, "seconds": args.seconds,
-        "transactions": {v: sum(part[1][v] for part in parts) for v in tps},
+        "alternation": f"{args.slice} s slices" if args.slice else "per transaction",
+        "transactions": {v: sum(part[1][v] for part in parts) for v in variants},
+        "notified": {v: sum(part[2][v] for part in parts) for v in variants if v != "plain"},
+        "listener_wakes": wakes,
         "plain_row_padding_bytes": len(padding),
-        "tps_plain": round(tps["plain"], 1), "tps_outbox": round(tps["outbox"], 1),
-        "outbox_vs_plain": round(tps["outbox"] / tps["plain"], 3), "machine": machine(),
-    }, indent=2))  # fmt: skip
+    }  # fmt: skip
+    for variant in variants:
+        result[f"tps_{variant.replace('-', '_')}"] = round(tps[variant], 1)
+    first = variants[0]
+    for variant in variants[1:]:
+        result[f"{variant}_vs_{first}".replace("-", "_")] = round(tps[variant] / tps[first], 3)
+    result["machine"] = machine()
+    return result
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from relaybox.migrations import migrate
 
 PG_URL = os.environ.get("RELAYBOX_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 MYSQL_URL = os.environ.get("RELAYBOX_TEST_MYSQL", "mysql://root@127.0.0.1:3306/test")
+#: Tables the migrations create beside the outbox table, by suffix.
+SIDE_TABLES = ("_migrations", "_key_locks", "_members", "_partitions")
 
 
 def unique_table(stem: str = "rbx") -> str:
@@ -27,8 +29,8 @@ async def create(url: str, table: str) -> None:
 
 
 def drop(url: str, table: str) -> None:
-    """Drop the outbox table and its migration record; sync, for fixture teardown."""
-    tables = (table, f"{table}_migrations", f"{table}_key_locks")
+    """Drop the outbox table and the tables beside it; sync, for fixture teardown."""
+    tables = (table, *(table + suffix for suffix in SIDE_TABLES))
     if url.startswith("postgresql"):
         with psycopg.connect(
             url.replace("+asyncpg", "").replace("+psycopg", ""), autocommit=True

@@ -29,12 +29,17 @@ from relaybox.errors import (
     UnknownTargetError,
     UnsupportedConnectionError,
 )
-from relaybox.ports import OutboxStorage
+from relaybox.core.circuit import CircuitPolicy
+from relaybox.core.publishing import Outcome, PublishResult
+from relaybox.core.retry import RetryPolicy
+from relaybox.ports import OutboxStorage, Publisher
+from relaybox.relay import Relay, RelaySettings, RelayThread
 from relaybox.writer import Outbox
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CircuitPolicy",
     "Claim",
     "ConfigurationError",
     "EmptyTopicError",
@@ -47,9 +52,16 @@ __all__ = [
     "Outbox",
     "OutboxStats",
     "OutboxStorage",
+    "Outcome",
     "PayloadNotSerializableError",
     "PayloadTooLargeError",
+    "PublishResult",
+    "Publisher",
+    "Relay",
+    "RelaySettings",
+    "RelayThread",
     "RelayboxError",
+    "RetryPolicy",
     "SchemaError",
     "Status",
     "StorageError",

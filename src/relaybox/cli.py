@@ -7,10 +7,12 @@ import asyncio
 import click
 
 from relaybox import sql
+from relaybox.bench import bench
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.demo import demo
 from relaybox.errors import RelayboxError
 from relaybox.migrations import migrate as run_migrations
+from relaybox.relay.command import relay
 from relaybox.storage.urls import DatabaseUrl
 
 
@@ -51,3 +53,5 @@ def schema(dialect: sql.Dialect, table: str) -> None:
 
 
 main.add_command(demo)
+main.add_command(relay)
+main.add_command(bench)

@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from relaybox.core.records import Claim, Failure, InsertRow, OutboxStats
+from relaybox.core.publishing import PublisherFeatures, PublishResult
+from relaybox.core.records import (
+    Assignment,
+    Claim,
+    Failure,
+    InsertRow,
+    OutboxStats,
+    StoredMessage,
+)
 
 
 @runtime_checkable
@@ -70,5 +78,39 @@ class OutboxStorage(Protocol):
     async def stats(self) -> OutboxStats:
         """Counts by status, the age of the oldest due row, and active leases."""
 
+    async def heartbeat(self, worker: str, *, partitions: int, lease_seconds: float) -> Assignment:
+        """Keep `worker` a live member and rebalance partitions 0..partitions-1 (seed 002).
+
+        In one transaction: extend the worker's membership and the leases of the
+        partitions it holds by `lease_seconds`; give back the partitions beyond its fair
+        share (ceil(partitions / live members)), highest first; take free or expired
+        partitions, lowest first, up to it. A process that stops heartbeating loses its
+        partitions when their lease runs out, and the others take them over.
+        """
+
+    async def leave(self, worker: str) -> None:
+        """Give back every partition `worker` holds and end its membership at once."""
+
     async def close(self) -> None:
         """Release connections the storage opened itself."""
+
+
+@runtime_checkable
+class Publisher(Protocol):
+    """One broker destination. Success means the broker confirmed, never "sent"."""
+
+    features: PublisherFeatures
+
+    async def start(self) -> None:
+        """Connect; raise a relaybox error if the broker cannot be reached or configured."""
+
+    async def publish(self, messages: Sequence[StoredMessage]) -> Sequence[PublishResult]:
+        """Send `messages` (pipelined where the broker allows) and wait for each confirm.
+
+        Returns one result per message, in the same order. The relay never hands one
+        call two messages of the same key, so a publisher need not order them itself.
+        A raised exception counts as a transient failure of every message in the call.
+        """
+
+    async def close(self) -> None:
+        """Flush and disconnect."""

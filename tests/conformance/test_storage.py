@@ -9,7 +9,8 @@ import uuid
 from relaybox import Message
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import Target
-from relaybox.core.records import Failure, Routing
+from relaybox.core.records import Assignment, Failure, Routing
+from relaybox.ports import OutboxStorage
 from tests.conformance.conftest import Backend
 
 ROUTING = Routing.of(["default", "partner"], ["default"], 64)
@@ -313,3 +314,91 @@ async def test_a_key_leased_elsewhere_does_not_use_up_the_claim_limit(backend: B
     other = await backend.another()
     second = await other.claim("w2", limit=1, lease_seconds=LEASE)
     assert [m.key for m in second.messages] == ["free"]
+
+
+# Partition leases (seed 002).
+
+
+async def workers(backend: Backend, count: int) -> list[OutboxStorage]:
+    """One storage (one connection) per relay process."""
+    return [backend.storage, *[await backend.another() for _ in range(count - 1)]]
+
+
+async def test_a_lone_worker_holds_every_partition(backend: Backend) -> None:
+    assignment = await backend.storage.heartbeat("w1", partitions=64, lease_seconds=LEASE)
+    assert assignment == Assignment(frozenset(range(64)), 1)
+
+
+async def test_a_second_worker_gets_half_once_the_first_gives_it_back(backend: Backend) -> None:
+    first, second = await workers(backend, 2)
+    await first.heartbeat("w1", partitions=64, lease_seconds=LEASE)
+    joined = await second.heartbeat("w2", partitions=64, lease_seconds=LEASE)
+    assert joined == Assignment(frozenset(), 2)  # all still leased to w1
+    kept = await first.heartbeat("w1", partitions=64, lease_seconds=LEASE)
+    assert kept == Assignment(frozenset(range(32)), 2)  # the highest go back
+    taken = await second.heartbeat("w2", partitions=64, lease_seconds=LEASE)
+    assert taken == Assignment(frozenset(range(32, 64)), 2)
+
+
+async def test_three_workers_share_ten_partitions_without_overlap(backend: Backend) -> None:
+    storages = await workers(backend, 3)
+    latest: dict[str, frozenset[int]] = {}
+    for _ in range(3):
+        for index, storage in enumerate(storages):
+            assignment = await storage.heartbeat(f"w{index}", partitions=10, lease_seconds=LEASE)
+            assert assignment.members == len(latest | {f"w{index}": frozenset()})
+            latest[f"w{index}"] = assignment.partitions
+            held = [p for partitions in latest.values() for p in partitions]
+            assert len(held) == len(set(held)), latest
+    assert set().union(*latest.values()) == set(range(10))
+    assert sorted(len(p) for p in latest.values()) == [2, 4, 4]  # fair share: ceil(10 / 3)
+
+
+async def test_concurrent_heartbeats_never_share_a_partition(backend: Backend) -> None:
+    storages = await workers(backend, 4)
+
+    async def beat(index: int) -> tuple[str, frozenset[int]]:
+        found = await storages[index].heartbeat(f"w{index}", partitions=16, lease_seconds=LEASE)
+        return f"w{index}", found.partitions
+
+    latest: dict[str, frozenset[int]] = {}
+    for _ in range(4):
+        latest.update(await asyncio.gather(*(beat(i) for i in range(4))))
+        held = [p for partitions in latest.values() for p in partitions]
+        assert len(held) == len(set(held)), latest
+    for _ in range(2):  # settle in turns
+        for index in range(4):
+            latest.update([await beat(index)])
+    assert {name: len(p) for name, p in latest.items()} == {f"w{i}": 4 for i in range(4)}
+    assert set().union(*latest.values()) == set(range(16))
+
+
+async def test_a_silent_worker_loses_its_partitions_when_its_lease_runs_out(
+    backend: Backend,
+) -> None:
+    silent, survivor = await workers(backend, 2)
+    await silent.heartbeat("silent", partitions=10, lease_seconds=0.5)
+    assert (await survivor.heartbeat("w2", partitions=10, lease_seconds=LEASE)).partitions == set()
+    await asyncio.sleep(1.0)
+    taken = await survivor.heartbeat("w2", partitions=10, lease_seconds=LEASE)
+    assert taken == Assignment(frozenset(range(10)), 1)
+
+
+async def test_leave_frees_the_partitions_at_once(backend: Backend) -> None:
+    first, second = await workers(backend, 2)
+    for storage, name in ((first, "w1"), (second, "w2"), (first, "w1"), (second, "w2")):
+        await storage.heartbeat(name, partitions=10, lease_seconds=LEASE)
+    await first.leave("w1")
+    taken = await second.heartbeat("w2", partitions=10, lease_seconds=LEASE)
+    assert taken == Assignment(frozenset(range(10)), 1)
+    await first.leave("w1")  # leaving twice changes nothing
+
+
+async def test_heartbeats_follow_the_partition_count(backend: Backend) -> None:
+    storage = backend.storage
+    everything = Assignment(frozenset(range(10)), 1)
+    assert await storage.heartbeat("w1", partitions=10, lease_seconds=LEASE) == everything
+    assert await storage.heartbeat("w1", partitions=10, lease_seconds=LEASE) == everything
+    fewer = await storage.heartbeat("w1", partitions=4, lease_seconds=LEASE)
+    assert fewer == Assignment(frozenset(range(4)), 1)  # rows 4..9 are left alone
+    assert await storage.heartbeat("w1", partitions=10, lease_seconds=LEASE) == everything

@@ -68,7 +68,24 @@ def _apply_schema(dialect: str, url: str, table: str, db: Path) -> None:
                 lite.execute(statement)
 
 
+#: The tables schema.sql creates beside the outbox table, by suffix.
+_SIDE_TABLES = {
+    "postgresql": ("_members", "_partitions"),
+    "mysql": ("_key_locks", "_members", "_partitions"),
+    "sqlite": ("_members", "_partitions"),
+}
+
+
 def _catalog(dialect: str, table: str, db: Path) -> list[tuple[object, ...]]:
+    """The catalog of the outbox table and of every table beside it, each row tagged."""
+    return [
+        (suffix, *row)
+        for suffix in ("", *_SIDE_TABLES[dialect])
+        for row in _table_catalog(dialect, table + suffix, db)
+    ]
+
+
+def _table_catalog(dialect: str, table: str, db: Path) -> list[tuple[object, ...]]:
     if dialect == "postgresql":
         return _pg_catalog(table)
     if dialect == "mysql":

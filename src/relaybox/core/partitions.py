@@ -6,8 +6,10 @@ cheap and spreads short keys well enough for work distribution.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 import zlib
+from collections.abc import Iterable
 
 DEFAULT_PARTITIONS = 64
 
@@ -34,3 +36,36 @@ def key_lock_id(table: str, key: str | None) -> int | None:
         return None
     high = zlib.crc32(table.encode("utf-8"))
     return ((high << 32) | zlib.crc32(key.encode("utf-8"))) - (1 << 63)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rebalance:
+    """What a relay process does with its partitions at a heartbeat (seed 002)."""
+
+    keep: tuple[int, ...]
+    release: tuple[int, ...]
+    wanted: int
+
+
+def require_partitions(partitions: int) -> int:
+    if not isinstance(partitions, int) or partitions < 1:
+        raise ValueError("partitions must be a positive integer")
+    return partitions
+
+
+def fair_share(partitions: int, members: int) -> int:
+    """Each live member's share, rounded up so that no partition is left over."""
+    return -(-partitions // max(members, 1))
+
+
+def rebalance(held: Iterable[int], partitions: int, members: int) -> Rebalance:
+    """Keep the lowest `held` partitions up to the fair share; give back the rest.
+
+    Partitions numbered `partitions` or above (the count was lowered) are given back
+    too; `wanted` is how many free or expired ones to take to reach the share.
+    """
+    owned = sorted(set(held))
+    share = fair_share(partitions, members)
+    keep = tuple(p for p in owned if 0 <= p < partitions)[:share]
+    release = tuple(p for p in owned if p not in keep)
+    return Rebalance(keep, release, share - len(keep))

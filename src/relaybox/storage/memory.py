@@ -25,7 +25,15 @@ from collections.abc import Callable, Iterable, Sequence
 
 from relaybox.core.identifiers import DEFAULT_TABLE, validate_table_name
 from relaybox.core.lifecycle import LIVE_STATES, Status
-from relaybox.core.records import Claim, Failure, InsertRow, OutboxStats, StoredMessage
+from relaybox.core.partitions import rebalance, require_partitions
+from relaybox.core.records import (
+    Assignment,
+    Claim,
+    Failure,
+    InsertRow,
+    OutboxStats,
+    StoredMessage,
+)
 from relaybox.errors import StorageIntegrityError
 from relaybox.storage.rows import as_utc
 
@@ -113,6 +121,8 @@ class MemoryStorage:
         self._clock = clock
         self._seqs = itertools.count(1)
         self._rows: dict[int, _Row] = {}  # insertion order is seq order
+        self._members: dict[str, float] = {}  # worker -> lease_until
+        self._owners: dict[int, tuple[str, float]] = {}  # partition -> (owner, lease_until)
         self._lock = threading.Lock()
 
     def insert(self, rows: Sequence[InsertRow]) -> list[int]:
@@ -296,6 +306,37 @@ class MemoryStorage:
             leases = sum(1 for r in rows if r.status is Status.PROCESSING and not r.due(now))
         oldest = now - min(waiting) if waiting else None
         return OutboxStats(counts=dict(counts), oldest_pending_age=oldest, active_leases=leases)
+
+    async def heartbeat(self, worker: str, *, partitions: int, lease_seconds: float) -> Assignment:
+        count = require_partitions(partitions)
+        with self._lock:
+            now = self._clock()
+            until = now + float(lease_seconds)
+            live = self._join(worker, now, until)
+            held = [p for p, (owner, _) in self._owners.items() if owner == worker]
+            self._owners.update((p, (worker, until)) for p in held)
+            plan = rebalance(held, count, live)
+            for partition in plan.release:
+                del self._owners[partition]
+            taken = [p for p in range(count) if self._free(p, now)][: plan.wanted]
+            self._owners.update((p, (worker, until)) for p in taken)
+        return Assignment(frozenset([*plan.keep, *taken]), live)
+
+    def _join(self, worker: str, now: float, until: float) -> int:
+        """End dead memberships, renew `worker`'s; the number alive. Call under the lock."""
+        self._members = {w: t for w, t in self._members.items() if t > now}
+        self._members[worker] = until
+        return sum(1 for t in self._members.values() if t > now)
+
+    def _free(self, partition: int, now: float) -> bool:
+        """No owner, or its lease has run out; call under the lock."""
+        owner = self._owners.get(partition)
+        return owner is None or owner[1] <= now
+
+    async def leave(self, worker: str) -> None:
+        with self._lock:
+            self._members.pop(worker, None)
+            self._owners = {p: o for p, o in self._owners.items() if o[0] != worker}
 
     async def close(self) -> None:
         """Nothing to release; the rows stay, as a database outlives its connections."""

@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.lifecycle import Status
-from relaybox.core.records import Claim, Failure, InsertRow, OutboxStats
+from relaybox.core.partitions import Rebalance, rebalance, require_partitions
+from relaybox.core.records import Assignment, Claim, Failure, InsertRow, OutboxStats
 from relaybox.errors import StorageError, StorageIntegrityError, StorageOperationalError
 from relaybox.sql.inserts import inserts
 from relaybox.storage.rows import by_seq, lease_token
@@ -202,11 +203,14 @@ class MySQLStorage:
         if driver is not None:
             driver.abort()
 
-    def _query(self, name: str, *, seqs: int = 0, pairs: int = 0, filters: str = "") -> str:
+    def _query(
+        self, name: str, *, seqs: int = 0, pairs: int = 0, filters: str = "", partitions: int = 0
+    ) -> str:
         """A named query with its list markers expanded into placeholders."""
         return (
             self._queries[name]
             .replace("{seqs}", _marks(seqs))
+            .replace("{partitions}", _marks(partitions))
             .replace("{pairs}", ", ".join(["(%s, %s)"] * pairs))
             .replace("{filters}", filters)
         )
@@ -357,6 +361,52 @@ class MySQLStorage:
             )
 
         return await self._run(read)
+
+    async def heartbeat(self, worker: str, *, partitions: int, lease_seconds: float) -> Assignment:
+        count, lease = require_partitions(partitions), float(lease_seconds)
+
+        async def beat(driver: _Driver) -> Assignment:
+            await driver.execute(self._queries["members_expire"], None)
+            await driver.execute(self._queries["member_join"], [worker, lease, lease])
+            await self._create_partitions(driver, count)
+            ((live,),) = await driver.fetch(self._queries["members_live"], None)
+            await driver.execute(self._queries["partitions_renew"], [lease, worker])
+            held = await driver.fetch(self._queries["partitions_held"], [worker])
+            plan = rebalance((int(p) for (p,) in held), count, int(live))
+            taken = await self._settle(driver, worker, lease, count, plan)
+            return Assignment(frozenset([*plan.keep, *taken]), int(live))
+
+        return await self._run(beat, transaction=True)
+
+    async def _create_partitions(self, driver: _Driver, count: int) -> None:
+        ((found,),) = await driver.fetch(self._queries["partitions_count"], [count])
+        if int(found) < count:
+            await driver.execute(
+                self._queries["partitions_create"], [json.dumps(list(range(count)))]
+            )
+
+    async def _settle(
+        self, driver: _Driver, worker: str, lease: float, count: int, plan: Rebalance
+    ) -> list[int]:
+        """Give back what `plan` releases, take what it wants; the partitions taken."""
+        if plan.release:
+            query = self._query("partitions_release", partitions=len(plan.release))
+            await driver.execute(query, [worker, *plan.release])
+        if not plan.wanted:
+            return []
+        free = await driver.fetch(self._queries["partitions_free"], [count, plan.wanted])
+        taken = [int(p) for (p,) in free]
+        if taken:
+            query = self._query("partitions_take", partitions=len(taken))
+            await driver.execute(query, [worker, lease, *taken])
+        return taken
+
+    async def leave(self, worker: str) -> None:
+        async def part(driver: _Driver) -> None:
+            await driver.execute(self._queries["partitions_leave"], [worker])
+            await driver.execute(self._queries["member_leave"], [worker])
+
+        await self._run(part, transaction=True)
 
     async def close(self) -> None:
         async with self._lock:

@@ -18,15 +18,16 @@ import contextlib
 import json
 import sqlite3
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import aiosqlite
 
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.lifecycle import Status
-from relaybox.core.records import Claim, Failure, InsertRow, OutboxStats
+from relaybox.core.partitions import Rebalance, rebalance, require_partitions
+from relaybox.core.records import Assignment, Claim, Failure, InsertRow, OutboxStats
 from relaybox.errors import (
     SchemaError,
     StorageError,
@@ -38,6 +39,7 @@ from relaybox.storage.rows import by_seq, lease_token
 from relaybox.storage.urls import DatabaseUrl
 
 BUSY_TIMEOUT_MS = 5000
+T = TypeVar("T")
 
 
 def translate(exc: BaseException) -> StorageError:
@@ -126,18 +128,19 @@ class SQLiteStorage:
         self, connection: aiosqlite.Connection, steps: Sequence[tuple[str, Sequence[Any]]]
     ) -> list[Sequence[Any]]:
         """Run `steps` in one BEGIN IMMEDIATE transaction; rows of the last step."""
-        found: list[Sequence[Any]] = []
-        try:
-            await connection.execute("BEGIN IMMEDIATE")
+
+        async def run(connection: aiosqlite.Connection) -> list[Sequence[Any]]:
+            found: list[Sequence[Any]] = []
             for query, args in steps:
                 found = list(await connection.execute_fetchall(query, args))
-            await connection.execute("COMMIT")
-        except BaseException as exc:
-            await _rollback(connection)
-            if isinstance(exc, sqlite3.Error):
-                raise translate(exc) from exc
-            raise
-        return found
+            return found
+
+        return await _immediately(connection, run)
+
+    async def _atomic(self, work: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
+        """Run `work` in one BEGIN IMMEDIATE transaction on the connection, alone."""
+        async with self._lock:
+            return await _immediately(await self._connected(), work)
 
     async def write(self, rows: Sequence[InsertRow]) -> None:
         steps = [(st.query, st.params) for st in inserts("sqlite", self.table, "qmark", rows)]
@@ -210,11 +213,69 @@ class SQLiteStorage:
         age = None if age is None else max(0.0, float(age))
         return OutboxStats(counts=counts, oldest_pending_age=age, active_leases=int(leases))
 
+    async def heartbeat(self, worker: str, *, partitions: int, lease_seconds: float) -> Assignment:
+        count, lease = require_partitions(partitions), float(lease_seconds)
+
+        async def beat(connection: aiosqlite.Connection) -> Assignment:
+            await connection.execute(self._queries["members_expire"])
+            await connection.execute(self._queries["member_join"], (worker, lease))
+            await connection.execute(self._queries["partitions_create"], (count,))
+            ((live,),) = await connection.execute_fetchall(self._queries["members_live"])
+            held = await connection.execute_fetchall(
+                self._queries["partitions_renew"], (lease, worker)
+            )
+            plan = rebalance((p for (p,) in held), count, int(live))
+            taken = await self._settle(connection, worker, lease, count, plan)
+            return Assignment(frozenset([*plan.keep, *taken]), int(live))
+
+        return await self._atomic(beat)
+
+    async def _settle(
+        self,
+        connection: aiosqlite.Connection,
+        worker: str,
+        lease: float,
+        count: int,
+        plan: Rebalance,
+    ) -> list[int]:
+        """Give back what `plan` releases, take what it wants; the partitions taken."""
+        if plan.release:
+            release = self._queries["partitions_release"]
+            await connection.execute(release, (worker, _json(plan.release)))
+        if not plan.wanted:
+            return []
+        take = self._queries["partitions_take"]
+        taken = await connection.execute_fetchall(take, (worker, lease, count, plan.wanted))
+        return [p for (p,) in taken]
+
+    async def leave(self, worker: str) -> None:
+        async def part(connection: aiosqlite.Connection) -> None:
+            await connection.execute(self._queries["partitions_leave"], (worker,))
+            await connection.execute(self._queries["member_leave"], (worker,))
+
+        await self._atomic(part)
+
     async def close(self) -> None:
         async with self._lock:
             connection, self._connection = self._connection, None
             if connection is not None:
                 await connection.close()
+
+
+async def _immediately(
+    connection: aiosqlite.Connection, work: Callable[[aiosqlite.Connection], Awaitable[T]]
+) -> T:
+    """Run `work` in one BEGIN IMMEDIATE transaction, translating sqlite3 errors."""
+    try:
+        await connection.execute("BEGIN IMMEDIATE")
+        result = await work(connection)
+        await connection.execute("COMMIT")
+    except BaseException as exc:
+        await _rollback(connection)
+        if isinstance(exc, sqlite3.Error):
+            raise translate(exc) from exc
+        raise
+    return result
 
 
 async def _rollback(connection: aiosqlite.Connection) -> None:

@@ -169,3 +169,71 @@ WHERE status IN ('pending', 'failed') AND available_at <= UTC_TIMESTAMP(6);
 
 -- name: active_leases
 SELECT COUNT(*) FROM {table} WHERE status = 'processing' AND locked_until >= UTC_TIMESTAMP(6);
+
+-- Partition leases (seed 002). A heartbeat runs members_expire through partitions_take
+-- in one transaction, in this order. Dead members go before the worker joins, so two
+-- heartbeats lock member rows in one order and cannot deadlock on them.
+
+-- name: members_expire
+DELETE FROM {table}_members WHERE lease_until < UTC_TIMESTAMP(6);
+
+-- name: member_join
+-- Parameters: worker, lease seconds, lease seconds again.
+INSERT INTO {table}_members (worker, lease_until)
+VALUES (%s, UTC_TIMESTAMP(6) + INTERVAL ROUND(%s * 1000000) MICROSECOND)
+ON DUPLICATE KEY UPDATE
+    lease_until = UTC_TIMESTAMP(6) + INTERVAL ROUND(%s * 1000000) MICROSECOND;
+
+-- name: partitions_count
+-- Parameters: partitions. A plain read: partitions_create runs only if rows are missing.
+SELECT COUNT(*) FROM {table}_partitions WHERE `partition` < %s;
+
+-- name: partitions_create
+-- Parameters: a JSON array of partition numbers. It locks every row that already
+-- exists, which would make heartbeats wait on each other, so it runs only when
+-- partitions_count says some are missing. A duplicate (another heartbeat created it
+-- first) is a no-op update, not an error or a warning as with INSERT IGNORE.
+INSERT INTO {table}_partitions (`partition`)
+SELECT p FROM JSON_TABLE(%s, '$[*]' COLUMNS (p INT PATH '$')) AS numbers
+ON DUPLICATE KEY UPDATE `partition` = `partition`;
+
+-- name: members_live
+SELECT COUNT(*) FROM {table}_members WHERE lease_until >= UTC_TIMESTAMP(6);
+
+-- name: partitions_renew
+-- Parameters: lease seconds, worker.
+UPDATE {table}_partitions
+SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ROUND(%s * 1000000) MICROSECOND
+WHERE owner = %s;
+
+-- name: partitions_held
+-- Parameters: worker. After partitions_renew, whose locks keep these rows ours.
+SELECT `partition` FROM {table}_partitions WHERE owner = %s;
+
+-- name: partitions_release
+-- Parameters: worker, the partitions it gives back.
+UPDATE {table}_partitions SET owner = NULL, lease_until = NULL
+WHERE owner = %s AND `partition` IN ({partitions});
+
+-- name: partitions_free
+-- Parameters: partitions, how many. Free or expired ones, lowest first; SKIP LOCKED
+-- passes over rows another heartbeat is renewing or taking.
+SELECT `partition` FROM {table}_partitions
+WHERE `partition` < %s AND (owner IS NULL OR lease_until < UTC_TIMESTAMP(6))
+ORDER BY `partition`
+LIMIT %s
+FOR UPDATE SKIP LOCKED;
+
+-- name: partitions_take
+-- Parameters: worker, lease seconds, the partitions partitions_free locked.
+UPDATE {table}_partitions
+SET owner = %s, lease_until = UTC_TIMESTAMP(6) + INTERVAL ROUND(%s * 1000000) MICROSECOND
+WHERE `partition` IN ({partitions});
+
+-- name: partitions_leave
+-- Parameters: worker.
+UPDATE {table}_partitions SET owner = NULL, lease_until = NULL WHERE owner = %s;
+
+-- name: member_leave
+-- Parameters: worker.
+DELETE FROM {table}_members WHERE worker = %s;

@@ -43,6 +43,49 @@ FROM (SELECT count(*) FROM key_lock) AS locked,
          correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, delay, ord)
 ORDER BY r.ord;
 
+-- name: insert_one_notify
+-- insert_one that also wakes listening relays: pg_notify($18 channel) queues a NOTIFY
+-- delivered only if the transaction commits, in the same round trip. NOTIFY takes a
+-- global lock at commit, so the writer sends this variant only once per notify interval.
+INSERT INTO {table} (id, target, external, topic, key, partition, type, content_type,
+    payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
+    available_at)
+SELECT $1::uuid, $2::text, $3::boolean, $4::text, $5::text, $6::integer, $7::text,
+    $8::text, $9::bytea, $10::jsonb, $11::text, $12::text, $13::text, $14::text,
+    $15::timestamptz, now() + $16::float8 * interval '1 second'
+FROM pg_advisory_xact_lock($17::bigint) AS key_lock, pg_notify($18::text, '') AS woke;
+
+-- name: insert_one_now_notify
+-- insert_one_now plus the NOTIFY on channel $17 (see insert_one_notify).
+INSERT INTO {table} (id, target, external, topic, key, partition, type, content_type,
+    payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at)
+SELECT $1::uuid, $2::text, $3::boolean, $4::text, $5::text, $6::integer, $7::text,
+    $8::text, $9::bytea, $10::jsonb, $11::text, $12::text, $13::text, $14::text,
+    $15::timestamptz
+FROM pg_advisory_xact_lock($16::bigint) AS key_lock, pg_notify($17::text, '') AS woke;
+
+-- name: insert_many_notify
+-- insert_many plus the NOTIFY on channel $18 (see insert_one_notify), as one more
+-- one-row item in the FROM list: a CTE nobody reads would never run.
+WITH key_lock AS (
+    SELECT pg_advisory_xact_lock(h) FROM (
+        SELECT DISTINCT h FROM unnest($17::bigint[]) AS h WHERE h IS NOT NULL ORDER BY 1
+    ) AS locks
+)
+INSERT INTO {table} (id, target, external, topic, key, partition, type, content_type,
+    payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
+    available_at)
+SELECT r.id, r.target, r.external, r.topic, r.key, r.partition, r.type, r.content_type,
+    r.payload, r.headers::jsonb, r.correlation_id, r.causation_id, r.tenant_id,
+    r.aggregate_id, r.occurred_at, now() + r.delay * interval '1 second'
+FROM (SELECT count(*) FROM key_lock) AS locked, pg_notify($18::text, '') AS woke,
+    unnest($1::uuid[], $2::text[], $3::boolean[], $4::text[], $5::text[], $6::integer[],
+    $7::text[], $8::text[], $9::bytea[], $10::text[], $11::text[], $12::text[],
+    $13::text[], $14::text[], $15::timestamptz[], $16::float8[]) WITH ORDINALITY
+    AS r(id, target, external, topic, key, partition, type, content_type, payload, headers,
+         correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, delay, ord)
+ORDER BY r.ord;
+
 -- name: claim
 -- $1 worker, $2 limit, $3 partitions or NULL, $4 targets or NULL, $5 token, $6 lease s.
 -- A row is claimable when it is due and no earlier live row of its (target, key) stays
@@ -152,3 +195,59 @@ WHERE published_at IS NULL AND abandoned_at IS NULL
 SELECT count(*) FROM {table}
 WHERE published_at IS NULL AND abandoned_at IS NULL
   AND status = 'processing' AND locked_until >= now();
+
+-- Partition leases (seed 002). A heartbeat runs members_expire through partitions_take
+-- in one transaction, in this order. Dead members go before the worker joins, so two
+-- heartbeats lock member rows in one order and cannot deadlock on them.
+
+-- name: members_expire
+DELETE FROM {table}_members WHERE lease_until < now();
+
+-- name: member_join
+-- $1 worker, $2 lease seconds.
+INSERT INTO {table}_members (worker, lease_until)
+VALUES ($1, now() + $2::float8 * interval '1 second')
+ON CONFLICT (worker) DO UPDATE SET lease_until = EXCLUDED.lease_until;
+
+-- name: partitions_create
+-- $1 partitions. Once the rows exist the anti-join finds nothing to insert.
+INSERT INTO {table}_partitions (partition)
+SELECT p FROM generate_series(0, $1::integer - 1) AS p
+WHERE NOT EXISTS (SELECT 1 FROM {table}_partitions x WHERE x.partition = p)
+ON CONFLICT DO NOTHING;
+
+-- name: members_live
+SELECT count(*) FROM {table}_members WHERE lease_until >= now();
+
+-- name: partitions_renew
+-- $1 worker, $2 lease seconds. Returns every partition the worker holds.
+UPDATE {table}_partitions
+SET lease_until = now() + $2::float8 * interval '1 second'
+WHERE owner = $1
+RETURNING partition;
+
+-- name: partitions_release
+-- $1 worker, $2 the partitions it gives back.
+UPDATE {table}_partitions SET owner = NULL, lease_until = NULL
+WHERE owner = $1 AND partition = ANY($2::integer[]);
+
+-- name: partitions_take
+-- $1 worker, $2 lease seconds, $3 partitions, $4 how many. Free or expired ones, lowest
+-- first; SKIP LOCKED passes over rows another heartbeat is renewing or taking.
+UPDATE {table}_partitions p
+SET owner = $1, lease_until = now() + $2::float8 * interval '1 second'
+FROM (SELECT partition FROM {table}_partitions
+      WHERE partition < $3::integer AND (owner IS NULL OR lease_until < now())
+      ORDER BY partition
+      LIMIT $4
+      FOR UPDATE SKIP LOCKED) AS free
+WHERE p.partition = free.partition
+RETURNING p.partition;
+
+-- name: partitions_leave
+-- $1 worker.
+UPDATE {table}_partitions SET owner = NULL, lease_until = NULL WHERE owner = $1;
+
+-- name: member_leave
+-- $1 worker.
+DELETE FROM {table}_members WHERE worker = $1;

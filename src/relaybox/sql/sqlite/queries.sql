@@ -154,3 +154,58 @@ WHERE status IN ('pending', 'processing', 'failed') AND status <> 'processing'
 SELECT count(*) FROM {table}
 WHERE status IN ('pending', 'processing', 'failed') AND status = 'processing'
   AND locked_until > strftime('%Y-%m-%d %H:%M:%f', 'now');
+
+-- Partition leases (seed 002). A heartbeat runs members_expire through partitions_take
+-- in one BEGIN IMMEDIATE transaction, in this order.
+
+-- name: members_expire
+DELETE FROM {table}_members WHERE lease_until <= strftime('%Y-%m-%d %H:%M:%f', 'now');
+
+-- name: member_join
+-- worker, lease seconds.
+INSERT INTO {table}_members (worker, lease_until)
+VALUES (?, strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?)))
+ON CONFLICT (worker) DO UPDATE SET lease_until = excluded.lease_until;
+
+-- name: partitions_create
+-- partitions. `WHERE true` tells the parser that ON CONFLICT is not a join constraint.
+WITH RECURSIVE numbers(p) AS (SELECT 0 UNION ALL SELECT p + 1 FROM numbers WHERE p + 1 < ?)
+INSERT INTO {table}_partitions ("partition")
+SELECT p FROM numbers WHERE true
+ON CONFLICT ("partition") DO NOTHING;
+
+-- name: members_live
+SELECT count(*) FROM {table}_members
+WHERE lease_until > strftime('%Y-%m-%d %H:%M:%f', 'now');
+
+-- name: partitions_renew
+-- lease seconds, worker. Returns every partition the worker holds.
+UPDATE {table}_partitions
+SET lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?))
+WHERE owner = ?
+RETURNING "partition";
+
+-- name: partitions_release
+-- worker, the partitions it gives back as JSON.
+UPDATE {table}_partitions SET owner = NULL, lease_until = NULL
+WHERE owner = ? AND "partition" IN (SELECT value FROM json_each(?));
+
+-- name: partitions_take
+-- worker, lease seconds, partitions, how many. Free or expired ones, lowest first.
+UPDATE {table}_partitions
+SET owner = ?, lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?))
+WHERE "partition" IN (
+    SELECT "partition" FROM {table}_partitions
+    WHERE "partition" < ?
+      AND (owner IS NULL OR lease_until <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
+    ORDER BY "partition"
+    LIMIT ?)
+RETURNING "partition";
+
+-- name: partitions_leave
+-- worker.
+UPDATE {table}_partitions SET owner = NULL, lease_until = NULL WHERE owner = ?;
+
+-- name: member_leave
+-- worker.
+DELETE FROM {table}_members WHERE worker = ?;

@@ -1,0 +1,92 @@
+"""A circuit breaker per target: a destination that keeps failing pauses, then probes.
+
+While a target's circuit is open the relay claims nothing for it, so its messages wait
+as pending and burn no attempts (DESIGN.md guarantee 4); other targets keep flowing.
+After `open_seconds` one probe is let through (half-open): success closes the circuit,
+failure opens it again for twice as long, up to `max_open_seconds`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import Callable
+
+from relaybox.errors import ConfigurationError
+
+
+class CircuitState(enum.StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CircuitPolicy:
+    #: Consecutive publishes of a target that failed transiently before it opens.
+    failure_threshold: int = 5
+    open_seconds: float = 5.0
+    max_open_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.failure_threshold < 1:
+            raise ConfigurationError("failure_threshold must be at least 1")
+        if not 0 < self.open_seconds <= self.max_open_seconds:
+            raise ConfigurationError("circuit times must satisfy 0 < open <= max_open")
+
+
+class CircuitBreaker:
+    """Not thread-safe: one per target inside one event loop."""
+
+    def __init__(self, policy: CircuitPolicy, clock: Callable[[], float] = time.monotonic) -> None:
+        self._policy = policy
+        self._clock = clock
+        self._failures = 0
+        self._opened_at = 0.0
+        self._open_for = policy.open_seconds
+        self._state = CircuitState.CLOSED
+        self._probing = False
+        self.openings = 0
+
+    @property
+    def state(self) -> CircuitState:
+        if self._state is CircuitState.OPEN and self._clock() >= self._opened_at + self._open_for:
+            self._state = CircuitState.HALF_OPEN
+        return self._state
+
+    def seconds_until_probe(self) -> float:
+        if self.state is not CircuitState.OPEN:
+            return 0.0
+        return self._opened_at + self._open_for - self._clock()
+
+    def allow_probe(self) -> bool:
+        """In half-open state, True for exactly one caller until its result is recorded."""
+        if self.state is not CircuitState.HALF_OPEN or self._probing:
+            return False
+        self._probing = True
+        return True
+
+    def record_success(self) -> None:
+        self._probing = False
+        self._failures = 0
+        self._open_for = self._policy.open_seconds
+        self._state = CircuitState.CLOSED
+
+    def record_failure(self) -> None:
+        """A transient failure; opens the circuit at the threshold or on a failed probe."""
+        self._probing = False
+        self._failures += 1
+        state = self.state
+        if state is CircuitState.OPEN:  # a send that started before it opened
+            return
+        if state is CircuitState.HALF_OPEN:
+            self._open_for = min(self._open_for * 2, self._policy.max_open_seconds)
+            self._open()
+        elif self._failures >= self._policy.failure_threshold:
+            self._open()
+
+    def _open(self) -> None:
+        self._state = CircuitState.OPEN
+        self._opened_at = self._clock()
+        self.openings += 1

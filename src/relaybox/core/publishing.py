@@ -1,0 +1,46 @@
+"""What a publisher reports for each message, and what it can promise (DESIGN.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Outcome(enum.StrEnum):
+    #: The broker confirmed it (publisher confirm, JetStream ack, acks=all, 2xx).
+    ACKED = "acked"
+    #: Worth trying again later: connection lost, timeout, throttled, broker down.
+    TRANSIENT = "transient"
+    #: Will never succeed: too large, unroutable, rejected; the message is abandoned.
+    PERMANENT = "permanent"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PublishResult:
+    outcome: Outcome
+    error: str | None = None
+
+    @property
+    def acked(self) -> bool:
+        return self.outcome is Outcome.ACKED
+
+
+ACKED = PublishResult(Outcome.ACKED)
+
+
+def transient(error: str) -> PublishResult:
+    return PublishResult(Outcome.TRANSIENT, error)
+
+
+def permanent(error: str) -> PublishResult:
+    return PublishResult(Outcome.PERMANENT, error)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PublisherFeatures:
+    """What a broker promises, as Watermill's test suite declares it per adapter."""
+
+    #: The broker drops a second copy carrying the same message id.
+    deduplicates: bool = False
+    #: One publish() call may carry many messages (sent pipelined, confirmed together).
+    batching: bool = True

@@ -1,0 +1,118 @@
+"""`relaybox relay`: run the relay as a process until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import click
+
+from relaybox.core.circuit import CircuitPolicy
+from relaybox.core.identifiers import DEFAULT_TABLE
+from relaybox.core.partitions import DEFAULT_PARTITIONS
+from relaybox.core.retry import RetryPolicy
+from relaybox.errors import ConfigurationError, RelayboxError
+from relaybox.relay.engine import Relay
+from relaybox.relay.settings import RelaySettings
+
+
+def parse_brokers(values: tuple[str, ...]) -> dict[str, str]:
+    brokers: dict[str, str] = {}
+    for value in values:
+        name, sep, url = value.partition("=")
+        if not sep or not name or not url:
+            raise ConfigurationError(f"--broker takes NAME=URL, got {value!r}")
+        if name in brokers:
+            raise ConfigurationError(f"--broker names target {name!r} twice")
+        brokers[name] = url
+    return brokers
+
+
+async def serve(relay: Relay, *, max_seconds: float | None = None) -> None:
+    """Run until a signal (or `max_seconds`), then stop gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await relay.start()
+        click.echo(f"relay {relay.worker} running; targets: {', '.join(relay.publishers)}")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), max_seconds)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await relay.stop()
+    click.echo(f"relay {relay.worker} stopped")
+
+
+@click.command()
+@click.option(
+    "--db",
+    "databases",
+    multiple=True,
+    required=True,
+    envvar="RELAYBOX_DB",
+    help="Database URL; repeat for one processor per database.",
+)
+@click.option(
+    "--broker",
+    "brokers",
+    multiple=True,
+    required=True,
+    help="Target NAME=URL (memory://, noop://, file://PATH, ...); repeatable.",
+)
+@click.option("--table", default=DEFAULT_TABLE, show_default=True)
+@click.option("--batch-size", default=500, show_default=True)
+@click.option("--max-in-flight", default=4, show_default=True)
+@click.option("--lease", "lease_seconds", default=30.0, show_default=True)
+@click.option("--publish-timeout", default=10.0, show_default=True)
+@click.option("--partitions", default=DEFAULT_PARTITIONS, show_default=True)
+@click.option("--no-partition-leases", is_flag=True, help="Claim from every partition.")
+@click.option("--retry-base", default=60.0, show_default=True, help="First retry delay, s.")
+@click.option("--retry-max", default=3600.0, show_default=True, help="Largest retry delay, s.")
+@click.option("--retry-jitter", default=0.25, show_default=True)
+@click.option("--max-attempts", default=10, show_default=True)
+@click.option("--circuit-threshold", default=5, show_default=True)
+@click.option("--circuit-open", default=5.0, show_default=True, help="Seconds before a probe.")
+@click.option("--idle-interval", default=1.0, show_default=True)
+@click.option(
+    "--published-retention",
+    default=0.0,
+    show_default=True,
+    help="Seconds to keep published rows; 0 deletes them on publish.",
+)
+@click.option("--abandoned-retention", default=7 * 24 * 3600.0, show_default=True)
+@click.option("--cleanup-interval", default=60.0, show_default=True)
+@click.option("--shutdown-timeout", default=10.0, show_default=True)
+@click.option("--max-seconds", type=float, default=None, help="Stop after this long.")
+@click.option("--log-level", default="INFO", show_default=True)
+def relay(
+    databases: tuple[str, ...], brokers: tuple[str, ...], table: str, batch_size: int,
+    max_in_flight: int, lease_seconds: float, publish_timeout: float, partitions: int,
+    no_partition_leases: bool, retry_base: float, retry_max: float, retry_jitter: float,
+    max_attempts: int, circuit_threshold: int, circuit_open: float, idle_interval: float,
+    published_retention: float, abandoned_retention: float, cleanup_interval: float,
+    shutdown_timeout: float, max_seconds: float | None, log_level: str,
+) -> None:  # fmt: skip
+    """Deliver committed outbox messages to brokers until SIGTERM or SIGINT."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        settings = RelaySettings(
+            batch_size=batch_size, max_in_flight=max_in_flight, lease_seconds=lease_seconds,
+            publish_timeout=publish_timeout, partitions=partitions,
+            partition_leases=not no_partition_leases,
+            retry=RetryPolicy(base_delay=retry_base, max_delay=retry_max, jitter=retry_jitter,
+                              max_attempts=max_attempts),
+            circuit=CircuitPolicy(failure_threshold=circuit_threshold, open_seconds=circuit_open,
+                                  max_open_seconds=max(circuit_open, 60.0)),
+            idle_interval=idle_interval, min_poll_interval=min(0.01, idle_interval),
+            published_retention=published_retention, abandoned_retention=abandoned_retention,
+            cleanup_interval=cleanup_interval, shutdown_timeout=shutdown_timeout,
+        )  # fmt: skip
+        engine = Relay(list(databases), parse_brokers(brokers), table=table, settings=settings)
+        asyncio.run(serve(engine, max_seconds=max_seconds))
+    except RelayboxError as exc:
+        raise click.ClickException(str(exc)) from exc

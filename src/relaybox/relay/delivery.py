@@ -1,0 +1,175 @@
+"""Publishing one claimed batch in per-key order, and sorting out what happened.
+
+A batch is cut into chains, one per (target, key) in sequence order; a keyless message
+is a chain of its own. Each wave sends the head of every chain, so one publish call
+never carries two messages of one key: a key's next message goes out only after the
+broker confirmed the previous one. When a message fails, the rest of its chain is
+handed back untouched (no attempt counted) and stays behind it in the table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from relaybox.core.circuit import CircuitBreaker, CircuitState
+from relaybox.core.publishing import Outcome, PublishResult, transient
+from relaybox.core.records import Failure, StoredMessage
+from relaybox.core.retry import RetryPolicy
+from relaybox.ports import Publisher
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Settlement:
+    """What to record for one claim: one statement per non-empty list."""
+
+    published: list[int] = dataclasses.field(default_factory=list)
+    failed: list[Failure] = dataclasses.field(default_factory=list)
+    abandoned: list[Failure] = dataclasses.field(default_factory=list)
+    released: list[int] = dataclasses.field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.published) + len(self.failed) + len(self.abandoned) + len(self.released)
+
+
+def chains(messages: Iterable[StoredMessage]) -> list[deque[StoredMessage]]:
+    """Messages grouped by (target, key), each group in sequence order."""
+    by_key: dict[tuple[str, str], deque[StoredMessage]] = {}
+    result: list[deque[StoredMessage]] = []
+    for message in sorted(messages, key=lambda m: m.seq):
+        if message.key is None:
+            result.append(deque((message,)))
+            continue
+        chain = by_key.get((message.target, message.key))
+        if chain is None:
+            chain = by_key[(message.target, message.key)] = deque()
+            result.append(chain)
+        chain.append(message)
+    return result
+
+
+class Delivery:
+    """Publishes one claim wave by wave and collects its settlement."""
+
+    def __init__(
+        self,
+        publishers: Mapping[str, Publisher],
+        circuits: Mapping[str, CircuitBreaker],
+        retry: RetryPolicy,
+        publish_timeout: float,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._publishers = publishers
+        self._circuits = circuits
+        self._retry = retry
+        self._timeout = publish_timeout
+        self._rng = rng or random.Random()
+
+    async def run(
+        self,
+        messages: Sequence[StoredMessage],
+        settlement: Settlement,
+        still_ours: Callable[[], bool] | None = None,
+    ) -> None:
+        """Publish `messages`, filling `settlement` as outcomes arrive (so a cancelled
+        delivery still tells what it confirmed)."""
+        active = chains(messages)
+        while active:
+            if still_ours is not None and not still_ours():
+                # The lease ran out: someone else may hold these rows now. Publish no more
+                # and record nothing for the rest (their marks would be refused anyway).
+                logger.warning("lease lost mid-batch", extra={"action": "lease_lost"})
+                break
+            wave = [chain.popleft() for chain in active]
+            outcomes = await self._publish_wave(wave)
+            survivors = []
+            for chain, message in zip(active, wave, strict=True):
+                if self._settle_one(message, outcomes[message.seq], settlement) and chain:
+                    survivors.append(chain)
+                else:
+                    settlement.released.extend(m.seq for m in chain)
+            active = survivors
+
+    def _settle_one(self, message: StoredMessage, result: PublishResult, out: Settlement) -> bool:
+        """Record one outcome; True if the rest of the message's chain may go on."""
+        if result.outcome is Outcome.ACKED:
+            out.published.append(message.seq)
+            return True
+        error = result.error or result.outcome.value
+        if result.outcome is Outcome.PERMANENT:
+            out.abandoned.append(Failure(message.seq, error))
+            return True  # abandoned is final: the key's next message may follow it
+        if result is _OPEN:
+            out.released.append(message.seq)
+            return False
+        failures = message.attempts + 1
+        if self._retry.exhausted(failures):
+            out.abandoned.append(Failure(message.seq, error))
+            return True
+        out.failed.append(Failure(message.seq, error, self._retry.delay(failures, self._rng)))
+        return False
+
+    async def _publish_wave(self, wave: list[StoredMessage]) -> dict[int, PublishResult]:
+        by_target: dict[str, list[StoredMessage]] = {}
+        for message in wave:
+            by_target.setdefault(message.target, []).append(message)
+        results = await asyncio.gather(
+            *(self._publish_target(target, batch) for target, batch in by_target.items())
+        )
+        outcomes: dict[int, PublishResult] = {}
+        for batch, batch_results in zip(by_target.values(), results, strict=True):
+            outcomes.update(zip((m.seq for m in batch), batch_results, strict=True))
+        return outcomes
+
+    async def _publish_target(
+        self, target: str, batch: list[StoredMessage]
+    ) -> Sequence[PublishResult]:
+        circuit = self._circuits[target]
+        state = circuit.state
+        if state is CircuitState.OPEN:
+            return [_OPEN] * len(batch)
+        if state is CircuitState.HALF_OPEN:  # one message probes; the rest wait their turn
+            if not circuit.allow_probe():
+                return [_OPEN] * len(batch)
+            probe = await self._call(self._publishers[target], batch[:1])
+            if probe[0].outcome is Outcome.TRANSIENT:
+                circuit.record_failure()
+                return [_OPEN] * len(batch)  # a failed probe burns no attempt
+            circuit.record_success()
+            return [*probe, *await self._publish_target(target, batch[1:])] if batch[1:] else probe
+        results = await self._call(self._publishers[target], batch)
+        if any(r.outcome is Outcome.ACKED for r in results):
+            circuit.record_success()
+        elif all(r.outcome is Outcome.TRANSIENT for r in results):
+            circuit.record_failure()
+            if circuit.state is CircuitState.OPEN:
+                logger.warning(
+                    "circuit opened for target %s", target,
+                    extra={"action": "circuit_open", "target": target},
+                )  # fmt: skip
+        return results
+
+    async def _call(
+        self, publisher: Publisher, batch: list[StoredMessage]
+    ) -> Sequence[PublishResult]:
+        try:
+            async with asyncio.timeout(self._timeout):
+                results = await publisher.publish(batch)
+        except TimeoutError:
+            return [transient(f"publish timed out after {self._timeout:g}s")] * len(batch)
+        except Exception as error:  # noqa: BLE001 - any publisher failure is retried later
+            logger.warning("publish raised %r", error, extra={"action": "publish_error"})
+            return [transient(f"{type(error).__name__}: {error}")] * len(batch)
+        if len(results) != len(batch):
+            return [transient("publisher returned a wrong number of results")] * len(batch)
+        return results
+
+
+#: Not a failure of the message: its target paused. Compared by identity.
+_OPEN = PublishResult(Outcome.TRANSIENT, "circuit open")

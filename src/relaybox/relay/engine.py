@@ -1,0 +1,192 @@
+"""`Relay`: moves committed messages from one or more outbox tables to brokers.
+
+    async with Relay(["postgresql://..."], {"default": "nats://..."}) as relay:
+        relay.attach(outbox)            # in-process commits wake it at once (seed 001)
+        await relay.wait_closed()
+
+One `Processor` per database (seed 000), sharing the publishers and their circuit
+breakers, so a broken broker pauses its target in every database at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from relaybox.core.circuit import CircuitBreaker, CircuitState
+from relaybox.core.identifiers import DEFAULT_TABLE
+from relaybox.core.message import Message
+from relaybox.errors import ConfigurationError
+from relaybox.ports import OutboxStorage, Publisher
+from relaybox.publishers import open_publisher
+from relaybox.relay.processor import Connections, Processor, ProcessorMetrics
+from relaybox.relay.settings import RelaySettings
+from relaybox.storage import open_storage
+from relaybox.storage.urls import DatabaseUrl
+
+if TYPE_CHECKING:
+    from relaybox.storage.pg_listen import Listener
+
+logger = logging.getLogger(__name__)
+
+Database = str | OutboxStorage
+
+
+def worker_name() -> str:
+    """Unique per process and start: host, pid and a random suffix."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Relay:
+    def __init__(
+        self,
+        databases: Sequence[Database] | Database,
+        brokers: Mapping[str, Publisher | str],
+        *,
+        table: str = DEFAULT_TABLE,
+        settings: RelaySettings | None = None,
+        worker: str | None = None,
+    ) -> None:
+        if isinstance(databases, str | OutboxStorage):
+            databases = [databases]
+        if not databases:
+            raise ConfigurationError("a relay needs at least one database")
+        if not brokers:
+            raise ConfigurationError("a relay needs at least one broker (target name -> URL)")
+        self.settings = settings or RelaySettings()
+        self.worker = worker or worker_name()
+        self.table = table
+        self._databases = list(databases)
+        self._publishers = {
+            name: open_publisher(b) if isinstance(b, str) else b for name, b in brokers.items()
+        }
+        self.circuits = {name: CircuitBreaker(self.settings.circuit) for name in self._publishers}
+        self.processors: list[Processor] = []
+        self._opened: list[OutboxStorage] = []
+        self._listeners: list[Listener] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = asyncio.Event()
+        self._unsubscribe: list[Callable[[], None]] = []
+
+    @property
+    def publishers(self) -> Mapping[str, Publisher]:
+        return self._publishers
+
+    async def __aenter__(self) -> Relay:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            for publisher in self._publishers.values():
+                await publisher.start()
+            for index, database in enumerate(self._databases):
+                connections = await self._connect(database)
+                name = f"db{index}"
+                processor = Processor(
+                    name, connections, self._publishers, self.circuits, self.settings, self.worker
+                )
+                self.processors.append(processor)
+                await self._listen(database, processor)
+        except BaseException:
+            await self._close_resources()
+            raise
+        for processor in self.processors:
+            processor.start()
+        logger.info(
+            "relay %s started: %d database(s), targets %s", self.worker, len(self.processors),
+            ", ".join(self._publishers), extra={"action": "start"},
+        )  # fmt: skip
+
+    async def _connect(self, database: Database) -> Connections:
+        if not isinstance(database, str):
+            return Connections((database,), database, database)
+        lanes = self.settings.claim_lanes
+        if DatabaseUrl.parse(database).dialect == "sqlite":
+            lanes = 1  # one writer at a time: a second claimer would only wait
+        opened = [await self._open(database) for _ in range(lanes + 2)]
+        return Connections(tuple(opened[:lanes]), opened[lanes], opened[lanes + 1])
+
+    async def _listen(self, database: Database, processor: Processor) -> None:
+        """On PostgreSQL, wake on the writers' NOTIFY too (see `notify_channel`)."""
+        if not self.settings.listen or not isinstance(database, str):
+            return
+        if DatabaseUrl.parse(database).dialect != "postgresql":
+            return
+        from relaybox.storage.pg_listen import listen
+
+        self._listeners.append(await listen(database, self.table, processor.wake))
+
+    async def _open(self, url: str) -> OutboxStorage:
+        storage = await open_storage(url, table=self.table)
+        self._opened.append(storage)
+        return storage
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Stop claiming, finish or release what is in flight, close what we opened."""
+        if self._closed.is_set():
+            return
+        timeout = self.settings.shutdown_timeout if timeout is None else timeout
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        await asyncio.gather(*(p.stop(timeout) for p in self.processors))
+        await self._close_resources()
+        self._closed.set()
+        logger.info("relay %s stopped", self.worker, extra={"action": "stop"})
+
+    async def _close_resources(self) -> None:
+        for listener in self._listeners:
+            await listener.close()
+        self._listeners.clear()
+        for publisher in self._publishers.values():
+            try:
+                await publisher.close()
+            except Exception:  # closing must go on for the rest
+                logger.exception("closing a publisher failed", extra={"action": "stop"})
+        for storage in self._opened:
+            await storage.close()
+        self._opened.clear()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    def wake(self) -> None:
+        """Look for work now. Safe to call from any thread."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._wake_all()
+        else:
+            loop.call_soon_threadsafe(self._wake_all)
+
+    def _wake_all(self) -> None:
+        for processor in self.processors:
+            processor.wake()
+
+    def attach(self, outbox: _Subscribable) -> None:
+        """Wake on every commit an `Outbox` of this process announces (seed 001)."""
+        self._unsubscribe.append(outbox.subscribe(lambda _messages: self.wake()))
+
+    def metrics(self) -> dict[str, ProcessorMetrics]:
+        return {p.name: p.metrics for p in self.processors}
+
+    def circuit_states(self) -> dict[str, CircuitState]:
+        return {name: circuit.state for name, circuit in self.circuits.items()}
+
+
+class _Subscribable(Protocol):
+    def subscribe(self, listener: Callable[[Sequence[Message]], None]) -> Callable[[], None]: ...

@@ -1,0 +1,324 @@
+"""One database's relay: claim, publish, settle, with leases, partitions and cleanup.
+
+Separate connections per database, so that no kind of work waits behind another:
+claim lanes (each claims from its own share of the partitions this process holds, so
+two claims run at once without competing for rows), one settles (and renews), one
+keeps house (heartbeats, expired leases, purges).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+from relaybox.core.circuit import CircuitBreaker, CircuitState
+from relaybox.core.records import Claim
+from relaybox.errors import RelayboxError
+from relaybox.ports import OutboxStorage, Publisher
+from relaybox.relay.delivery import Delivery, Settlement
+from relaybox.relay.settings import RelaySettings
+from relaybox.relay.waker import Waker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ProcessorMetrics:
+    claims: int = 0
+    claimed: int = 0
+    published: int = 0
+    failed: int = 0
+    abandoned: int = 0
+    released: int = 0
+    leases_lost: int = 0
+    heartbeats: int = 0
+    purged: int = 0
+    in_flight: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Connections:
+    claims: tuple[OutboxStorage, ...]
+    settles: OutboxStorage
+    housekeeping: OutboxStorage
+
+
+class Processor:
+    def __init__(
+        self,
+        name: str,
+        connections: Connections,
+        publishers: Mapping[str, Publisher],
+        circuits: Mapping[str, CircuitBreaker],
+        settings: RelaySettings,
+        worker: str,
+    ) -> None:
+        self.name = name
+        self.worker = worker
+        self.metrics = ProcessorMetrics()
+        self.partitions: frozenset[int] | None = None
+        self._probe_in: float | None = None
+        self._db = connections
+        self._publishers = publishers
+        self._targets = sorted(publishers)
+        self._circuits = circuits
+        self._settings = settings
+        self._wakers = [
+            Waker(settings.min_poll_interval, settings.idle_interval) for _ in connections.claims
+        ]
+        self._slots = asyncio.Semaphore(settings.max_in_flight)
+        self._delivery = Delivery(publishers, circuits, settings.retry, settings.publish_timeout)
+        self._deliveries: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._assigned = asyncio.Event()
+        if not settings.partition_leases:
+            self._assigned.set()
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._claim_loop(lane), name=f"relay-claims-{self.name}-{lane}")
+            for lane in range(len(self._wakers))
+        ]
+        if self._settings.partition_leases:
+            self._tasks.append(asyncio.create_task(self._heartbeat_loop()))
+        self._tasks.append(asyncio.create_task(self._cleanup_loop()))
+
+    def wake(self) -> None:
+        for waker in self._wakers:
+            waker.wake()
+
+    async def stop(self, timeout: float) -> None:
+        """Stop claiming; let in-flight batches finish for `timeout`, then release them."""
+        self._stopping.set()
+        self.wake()
+        self._assigned.set()
+        if self._deliveries:
+            _, pending = await asyncio.wait(self._deliveries, timeout=timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._settings.partition_leases:
+            with contextlib.suppress(RelayboxError):
+                await self._db.housekeeping.leave(self.worker)
+
+    # -- claiming --------------------------------------------------------------------
+
+    async def _claim_loop(self, lane: int) -> None:
+        waker = self._wakers[lane]
+        while not self._stopping.is_set():
+            await waker.wait()
+            await self._assigned.wait()
+            if self._stopping.is_set():
+                return
+            await self._slots.acquire()
+            try:
+                claim = await self._claim(lane)
+            except RelayboxError as error:
+                self._slots.release()
+                logger.warning("claim failed: %s", error, extra={"action": "claim_error"})
+                waker.found_nothing()
+                continue
+            if claim is None or not claim.messages:
+                self._slots.release()
+                waker.found_nothing()
+            else:
+                waker.found_work()
+                self._launch(claim)
+            if self._probe_in is not None:  # come back when an open circuit may be probed
+                waker.wait_at_most(self._probe_in)
+
+    def _lane_partitions(self, lane: int) -> list[int] | None:
+        """This lane's share of the partitions: every n-th of those held (or of all)."""
+        lanes = len(self._wakers)
+        if self.partitions is not None:
+            return sorted(self.partitions)[lane::lanes]
+        if lanes == 1:
+            return None  # no partition leases: claim from everything
+        return list(range(self._settings.partitions))[lane::lanes]
+
+    async def _claim(self, lane: int) -> Claim | None:
+        targets = self._claimable_targets()
+        if not targets:
+            return None
+        partitions = self._lane_partitions(lane)
+        if partitions is not None and not partitions:
+            return None
+        claim = await self._db.claims[lane].claim(
+            self.worker,
+            limit=self._settings.batch_size,
+            lease_seconds=self._settings.lease_seconds,
+            partitions=partitions,
+            targets=targets,
+        )
+        self.metrics.claims += 1
+        self.metrics.claimed += len(claim.messages)
+        return claim
+
+    def _claimable_targets(self) -> list[str]:
+        """Targets whose circuit is not open (a half-open one is probed on delivery)."""
+        targets = []
+        self._probe_in = None
+        for target in self._targets:
+            circuit = self._circuits[target]
+            if circuit.state is not CircuitState.OPEN:
+                targets.append(target)
+                continue
+            wait = max(circuit.seconds_until_probe(), self._settings.min_poll_interval)
+            self._probe_in = min(self._probe_in or wait, wait)
+        return targets
+
+    def _launch(self, claim: Claim) -> None:
+        task = asyncio.create_task(self._deliver(claim))
+        self._deliveries.add(task)
+        self.metrics.in_flight += 1
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self._deliveries.discard(finished)
+            self.metrics.in_flight -= 1
+            self._slots.release()
+            self.wake()  # a slot is free: there may be more to claim
+
+        task.add_done_callback(done)
+
+    # -- publishing and settling -----------------------------------------------------
+
+    async def _deliver(self, claim: Claim) -> None:
+        lease = self._settings.lease_seconds
+        deadline = [time.monotonic() + lease]
+        margin = min(1.0, lease / 10)
+        renewer = asyncio.create_task(self._renew(claim, deadline))
+        settlement = Settlement()
+        try:
+            await self._delivery.run(
+                claim.messages, settlement, lambda: time.monotonic() < deadline[0] - margin
+            )
+        except asyncio.CancelledError:
+            settled = _seqs(settlement)
+            settlement.released.extend(m.seq for m in claim.messages if m.seq not in settled)
+            await self._settle(claim.token, settlement)
+            raise
+        finally:
+            renewer.cancel()
+        await self._settle(claim.token, settlement)
+
+    async def _renew(self, claim: Claim, deadline: list[float]) -> None:
+        seqs = [m.seq for m in claim.messages]
+        while True:
+            await asyncio.sleep(self._settings.renew_interval)
+            asked = time.monotonic()
+            try:
+                renewed = await self._db.settles.renew(
+                    claim.token, seqs, self._settings.lease_seconds
+                )
+            except RelayboxError as error:
+                logger.warning("lease renewal failed: %s", error, extra={"action": "renew"})
+                continue
+            if renewed < len(seqs):  # some rows went to another worker: stop publishing
+                self.metrics.leases_lost += 1
+                deadline[0] = 0.0
+                return
+            deadline[0] = asked + self._settings.lease_seconds
+
+    async def _settle(self, token: str, settlement: Settlement) -> None:
+        storage = self._db.settles
+        steps: list[tuple[str, Callable[[], Awaitable[int]]]] = []
+        if settlement.published:
+            delete = self._settings.published_retention == 0
+            steps.append(("published", lambda: storage.mark_published(
+                token, settlement.published, delete=delete)))  # fmt: skip
+        if settlement.failed:
+            steps.append(("failed", lambda: storage.mark_failed(token, settlement.failed)))
+        if settlement.abandoned:
+            steps.append(("abandoned", lambda: storage.abandon(token, settlement.abandoned)))
+        if settlement.released:
+            steps.append(("released", lambda: storage.release(token, settlement.released)))
+        for kind, step in steps:
+            count = await self._retrying(step, kind)
+            setattr(self.metrics, kind, getattr(self.metrics, kind) + count)
+
+    async def _retrying(self, step: Callable[[], Awaitable[int]], kind: str) -> int:
+        """Settle with a few retries; if it cannot be recorded the lease expires and the
+        rows are delivered again (at-least-once), so giving up loses nothing."""
+        delay = 0.05
+        for attempt in range(5):
+            try:
+                return await step()
+            except RelayboxError as error:
+                logger.warning(
+                    "settle %s failed (attempt %d): %s", kind, attempt + 1, error,
+                    extra={"action": "settle_error"},
+                )  # fmt: skip
+                await asyncio.sleep(delay)
+                delay *= 4
+        return 0
+
+    # -- partitions and housekeeping -------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        settings = self._settings
+        last_ok = time.monotonic()
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            try:
+                assignment = await self._db.housekeeping.heartbeat(
+                    self.worker,
+                    partitions=settings.partitions,
+                    lease_seconds=settings.partition_lease_seconds,
+                )
+            except RelayboxError as error:
+                logger.warning("heartbeat failed: %s", error, extra={"action": "heartbeat"})
+                if time.monotonic() - last_ok > settings.partition_lease_seconds * 0.9:
+                    self._assign(frozenset())  # others may own them by now
+            else:
+                last_ok = started
+                self.metrics.heartbeats += 1
+                self._assign(assignment.partitions)
+            await self._sleep(settings.heartbeat_interval)
+
+    def _assign(self, partitions: frozenset[int]) -> None:
+        if partitions != self.partitions:
+            logger.info(
+                "%s holds %d partitions", self.worker, len(partitions),
+                extra={"action": "rebalance", "partitions": sorted(partitions)},
+            )  # fmt: skip
+            self.partitions = partitions
+            self.wake()
+        self._assigned.set()
+
+    async def _cleanup_loop(self) -> None:
+        settings = self._settings
+        while not self._stopping.is_set():
+            await self._sleep(settings.cleanup_interval)
+            if self._stopping.is_set():
+                return
+            try:
+                await self._db.housekeeping.recover_expired()
+                self.metrics.purged += await self._db.housekeeping.purge(
+                    published_older_than=settings.published_retention,
+                    abandoned_older_than=settings.abandoned_retention,
+                    batch_size=settings.cleanup_batch,
+                )
+            except RelayboxError as error:
+                logger.warning("cleanup failed: %s", error, extra={"action": "cleanup"})
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+
+def _seqs(settlement: Settlement) -> set[int]:
+    return {
+        *settlement.published, *settlement.released,
+        *(f.seq for f in settlement.failed), *(f.seq for f in settlement.abandoned),
+    }  # fmt: skip

@@ -1,0 +1,73 @@
+"""Everything that tunes a relay, in one place (read from the CLI or built in code)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from relaybox.core.circuit import CircuitPolicy
+from relaybox.core.partitions import DEFAULT_PARTITIONS
+from relaybox.core.retry import RetryPolicy
+from relaybox.errors import ConfigurationError
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RelaySettings:
+    #: Rows per claim; one commit claims them and one settles them.
+    batch_size: int = 500
+    #: Claimed batches being published at once: the window of unacknowledged sends.
+    max_in_flight: int = 4
+    #: Claims running at once per database, each on its own connection and its own
+    #: share of the partitions (SQLite, a single writer, always uses one).
+    claim_lanes: int = 1
+    #: How long a claim (and a partition) stays ours without renewal.
+    lease_seconds: float = 30.0
+    #: A publish call that takes longer counts as a transient failure.
+    publish_timeout: float = 10.0
+    retry: RetryPolicy = dataclasses.field(default_factory=RetryPolicy)
+    circuit: CircuitPolicy = dataclasses.field(default_factory=CircuitPolicy)
+    #: Must equal the writers' `Outbox(partitions=...)`.
+    partitions: int = DEFAULT_PARTITIONS
+    #: Spread partitions across relay processes by leases (seed 002). Off: every
+    #: process claims from every partition (still safe: claims keep per-key order).
+    partition_leases: bool = True
+    #: Adaptive poll: right after an empty claim wait `min_poll_interval`, doubling
+    #: up to `idle_interval` while nothing turns up. Work or a wakeup resets it.
+    min_poll_interval: float = 0.01
+    idle_interval: float = 1.0
+    #: On PostgreSQL, also wake on the writers' debounced NOTIFY (`Outbox(notify=...)`).
+    listen: bool = True
+    #: Published rows are kept this long (0: deleted as soon as they are published).
+    published_retention: float = 0.0
+    abandoned_retention: float = 7 * 24 * 3600.0
+    cleanup_interval: float = 60.0
+    cleanup_batch: int = 500
+    #: On stop, in-flight batches get this long to finish before they are released.
+    shutdown_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if min(self.batch_size, self.max_in_flight, self.cleanup_batch, self.claim_lanes) < 1:
+            raise ConfigurationError(
+                "batch_size, max_in_flight, claim_lanes and cleanup_batch must be >= 1"
+            )
+        if not self.lease_seconds > 0 or not self.publish_timeout > 0:
+            raise ConfigurationError("lease_seconds and publish_timeout must be positive")
+        if not 0 < self.min_poll_interval <= self.idle_interval:
+            raise ConfigurationError("poll intervals must satisfy 0 < min <= idle")
+        if self.published_retention < 0 or self.abandoned_retention < 0:
+            raise ConfigurationError("retention windows cannot be negative")
+        if self.partitions < 1:
+            raise ConfigurationError("partitions must be at least 1")
+
+    @property
+    def partition_lease_seconds(self) -> float:
+        """A dead process's partitions expire within 2/3 of the lease and are seen
+        expired within 1/6 more, so others take them over within `lease_seconds`."""
+        return self.lease_seconds * 2 / 3
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.lease_seconds / 6
+
+    @property
+    def renew_interval(self) -> float:
+        return self.lease_seconds / 3

@@ -1,0 +1,365 @@
+"""The relay engine against every backend (real PostgreSQL, MariaDB, SQLite; memory),
+publishing to an in-memory publisher told to fail, reject, hang or slow down."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import json
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from relaybox.core.circuit import CircuitState
+from relaybox.core.lifecycle import Status
+from relaybox.core.records import StoredMessage
+from relaybox.errors import StorageOperationalError
+from relaybox.publishers.memory import MemoryPublisher
+from relaybox.relay import Relay
+from tests.relay_support import (
+    RELAY_BACKENDS,
+    OutboxDB,
+    Row,
+    eventually,
+    fast_settings,
+    messages,
+    outbox_db,
+    rows,
+)
+
+
+@pytest.fixture(params=RELAY_BACKENDS)
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[OutboxDB]:
+    async for each in outbox_db(request.param, tmp_path, targets=("default", "partner")):
+        yield each
+
+
+def per_key(published: Sequence[StoredMessage]) -> dict[str | None, list[int]]:
+    order: dict[str | None, list[int]] = defaultdict(list)
+    for message in published:
+        order[message.key].append(json.loads(message.payload)["n"])
+    return order
+
+
+def key_is(key: str) -> object:
+    return lambda m: m.key == key
+
+
+async def test_delivers_every_message_once_in_key_order(db: OutboxDB) -> None:
+    batch = messages([f"k{i}" for i in range(10)] + [None], per_key=20)
+    await db.write(batch)
+    publisher = MemoryPublisher()
+    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
+                     table=db.table, settings=fast_settings()):  # fmt: skip
+        await eventually(lambda: len(publisher.published) >= len(batch))
+    ids = [m.id for m in publisher.published]
+    assert len(ids) == len(set(ids)) == len(batch)
+    for key, order in per_key(publisher.published).items():
+        if key is not None:
+            assert order == sorted(order), key
+    assert await db.status_counts() == {}  # published_retention 0: deleted on publish
+
+
+async def test_retention_keeps_published_rows(db: OutboxDB) -> None:
+    await db.write(messages(["a"], per_key=3))
+    publisher = MemoryPublisher()
+    settings = fast_settings(published_retention=3600.0)
+    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
+                     table=db.table, settings=settings):  # fmt: skip
+        await eventually(lambda: len(publisher.published) == 3)
+        await eventually(lambda: _counts_are(db, {Status.PUBLISHED: 3}))
+
+
+async def _counts_are(db: OutboxDB, expected: dict[Status, int]) -> bool:
+    return await db.status_counts() == expected
+
+
+async def test_a_failing_key_holds_back_only_itself_then_recovers_in_order(
+    db: OutboxDB,
+) -> None:
+    await db.write(messages(["bad", "good1", "good2"], per_key=10))
+    publisher = MemoryPublisher()
+    fault = publisher.fail(key_is("bad"), times=3)
+    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
+                     table=db.table, settings=fast_settings()):  # fmt: skip
+        await eventually(lambda: len(publisher.published) == 30)
+    assert fault.hits == 3
+    order = per_key(publisher.published)
+    assert order["bad"] == list(range(10))
+    assert order["good1"] == order["good2"] == list(range(10))
+    # the good keys did not wait for the bad one's retries
+    last_good = max(i for i, m in enumerate(publisher.published) if m.key != "bad")
+    first_bad = min(i for i, m in enumerate(publisher.published) if m.key == "bad")
+    assert first_bad > 0
+    assert last_good < len(publisher.published) - 1
+
+
+async def test_retries_follow_the_configured_backoff(db: OutboxDB) -> None:
+    await db.write(messages(["k"], per_key=1))
+    publisher = MemoryPublisher()
+    publisher.fail(times=3)
+    seen: list[float] = []
+    original = publisher.publish
+
+    async def timed(batch: Sequence[StoredMessage]) -> object:
+        seen.append(time.monotonic())
+        return await original(batch)
+
+    publisher.publish = timed  # type: ignore[method-assign]
+    settings = fast_settings(
+        retry=fast_settings().retry.__class__(base_delay=0.2, max_delay=2.0, jitter=0.0),
+        circuit=fast_settings().circuit.__class__(failure_threshold=100),
+    )
+    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
+                     table=db.table, settings=settings):  # fmt: skip
+        await eventually(lambda: len(publisher.published) == 1)
+    gaps = [b - a for a, b in itertools.pairwise(seen)]
+    assert len(gaps) == 3
+    # 0.2, 0.4, 0.8 s apart (jitter 0); polling adds at most an idle interval or so
+    for gap, nominal in zip(gaps, [0.2, 0.4, 0.8], strict=True):
+        assert nominal - 0.02 <= gap <= nominal + 0.5, gaps
+
+
+async def test_max_attempts_then_abandoned_with_the_last_error(db: OutboxDB) -> None:
+    await db.write(messages(["k"], per_key=2))
+    publisher = MemoryPublisher()
+    publisher.fail(lambda m: json.loads(m.payload)["n"] == 0, error="broker says no")
+    settings = fast_settings(
+        retry=fast_settings().retry.__class__(base_delay=0.01, max_delay=0.01, max_attempts=3,
+                                              jitter=0.0),
+        published_retention=3600.0,
+        circuit=fast_settings().circuit.__class__(failure_threshold=100),
+    )  # fmt: skip
+    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
+                     table=db.table, settings=settings):  # fmt: skip
+        await eventually(lambda: len(publisher.published) == 1)
+    assert len(publisher.attempts) == 4  # three failed attempts, then the next message
+    abandoned = await _abandoned(db)
+    assert [(a.attempts, a.last_error) for a in abandoned] == [(3, "broker says no")]
+
+
+async def _abandoned(db: OutboxDB) -> list[Row]:
+    return [r for r in await asyncio.to_thread(rows, db) if r.status is Status.ABANDONED]
+
+
+async def test_permanent_error_abandons_at_once_and_the_key_goes_on(db: OutboxDB) -> None:
+    await db.write(messages(["k"], per_key=3))
+    publisher = MemoryPublisher()
+    publisher.reject(lambda m: json.loads(m.payload)["n"] == 1, error="too large")
+    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
+                     table=db.table, settings=fast_settings()):  # fmt: skip
+        await eventually(lambda: len(publisher.published) == 2)
+        await eventually(lambda: _counts_are(db, {Status.ABANDONED: 1}))
+    assert per_key(publisher.published)["k"] == [0, 2]
+    assert [(a.attempts, a.last_error) for a in await _abandoned(db)] == [(1, "too large")]
+
+
+async def test_open_circuit_pauses_its_target_burns_no_attempts(db: OutboxDB) -> None:
+    batch = [*messages(["a1", "a2"], per_key=5, targets=["partner"]), *messages(["b"], per_key=5)]
+    await db.write(batch)
+    partner, default = MemoryPublisher(), MemoryPublisher()
+    partner.fail()
+    relay = Relay(db.database, {"default": default, "partner": partner}, table=db.table,
+                  settings=fast_settings())  # fmt: skip
+    async with relay:
+        await eventually(lambda: len(default.published) == 5)  # the other target flows
+        await eventually(lambda: relay.circuits["partner"].state is not CircuitState.CLOSED)
+        attempts_when_open = await _max_attempts(db)
+        probes_before = len(partner.attempts)
+        await asyncio.sleep(1.5)  # several probe periods (0.3 s, doubling to 0.6 s)
+        assert len(partner.attempts) > probes_before  # it probes
+        assert await _max_attempts(db) == attempts_when_open <= 3  # ...for free
+        partner.heal()
+        await eventually(lambda: len(partner.published) == 10)
+    assert relay.circuits["partner"].state is CircuitState.CLOSED
+    assert per_key(partner.published)["a1"] == list(range(5))
+
+
+async def _max_attempts(db: OutboxDB) -> int:
+    return max((r.attempts for r in await asyncio.to_thread(rows, db)), default=0)
+
+
+async def test_a_hanging_publish_times_out_and_is_retried(db: OutboxDB) -> None:
+    await db.write(messages(["k"], per_key=2))
+    publisher = MemoryPublisher()
+    hang = publisher.hang()
+    settings = fast_settings(publish_timeout=0.2)
+    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
+                     table=db.table, settings=settings):  # fmt: skip
+        await eventually(lambda: hang.hits >= 2)
+        publisher.heal()
+        await eventually(lambda: len(publisher.published) >= 2)
+    assert per_key(publisher.published)["k"][-2:] == [0, 1]
+
+
+async def test_long_publishes_renew_their_lease(db: OutboxDB) -> None:
+    await db.write(messages(["k"], per_key=1))
+    slow, rival_publisher = MemoryPublisher(), MemoryPublisher()
+    slow.slow(2.0)
+    settings = fast_settings(lease_seconds=0.6, publish_timeout=10.0, partition_leases=False)
+    async with Relay(db.database, {"default": slow, "partner": MemoryPublisher()},
+                     table=db.table, settings=settings):  # fmt: skip
+        await eventually(lambda: len(slow.attempts) == 1)
+        async with Relay(db.database, {"default": rival_publisher, "partner": MemoryPublisher()},
+                         table=db.table, settings=settings):  # fmt: skip
+            await eventually(lambda: len(slow.published) == 1, timeout=5)
+            await asyncio.sleep(0.3)
+    assert rival_publisher.attempts == []  # the lease never lapsed while publishing
+
+
+async def test_stop_releases_what_is_in_flight_within_the_timeout(db: OutboxDB) -> None:
+    await db.write(messages(["k1", "k2"], per_key=2))
+    publisher = MemoryPublisher()
+    publisher.hang()
+    relay = Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
+                  table=db.table, settings=fast_settings())  # fmt: skip
+    await relay.start()
+    await eventually(lambda: len(publisher.attempts) == 2)
+    started = time.monotonic()
+    await relay.stop(timeout=0.3)
+    assert time.monotonic() - started < 2.0
+    found = await asyncio.to_thread(rows, db)
+    assert [(r.status, r.attempts) for r in found] == [(Status.PENDING, 0)] * 4
+
+
+async def test_a_stale_workers_marks_change_nothing(db: OutboxDB) -> None:
+    """Relay A loses its lease mid-publish (its renewals fail); B takes the row over and
+    publishes it; A's late success is then refused by the fencing token."""
+    await db.write(messages(["k"], per_key=1))
+    slow, rival = MemoryPublisher(), MemoryPublisher()
+    slow.slow(1.5)
+    settings = fast_settings(lease_seconds=0.6, partition_leases=False,
+                             published_retention=3600.0)  # fmt: skip
+    # One batch in flight: A claims nothing more while its slow publish runs.
+    one_batch = dataclasses.replace(settings, max_in_flight=1)
+    stale = Relay(db.database, {"default": slow, "partner": MemoryPublisher()},
+                  table=db.table, settings=one_batch)  # fmt: skip
+    async with stale:
+        for processor in stale.processors:
+            processor._db = dataclasses.replace(
+                processor._db, settles=_NoRenew(processor._db.settles)
+            )
+        await eventually(lambda: len(slow.attempts) == 1)
+        async with Relay(db.database, {"default": rival, "partner": MemoryPublisher()},
+                         table=db.table, settings=settings):  # fmt: skip
+            await eventually(lambda: len(rival.published) == 1, timeout=5)
+            await eventually(lambda: len(slow.published) == 1, timeout=5)
+            await asyncio.sleep(0.2)  # A settles (or tries to)
+    assert sum(p.metrics.published for p in stale.processors) == 0
+    assert [(r.status, r.attempts) for r in await asyncio.to_thread(rows, db)] == [
+        (Status.PUBLISHED, 0)
+    ]
+
+
+class _NoRenew:
+    """A storage whose renewals fail, as if the connection to the database were cut."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
+        raise StorageOperationalError("connection cut (test)")
+
+
+async def test_cleanup_honours_both_retention_windows(db: OutboxDB) -> None:
+    await db.write(messages(["k"], per_key=3))
+    publisher = MemoryPublisher()
+    publisher.reject(lambda m: json.loads(m.payload)["n"] == 2)
+    settings = fast_settings(published_retention=1.0, abandoned_retention=3.0,
+                             cleanup_interval=0.1)  # fmt: skip
+    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
+                     table=db.table, settings=settings):  # fmt: skip
+        await eventually(lambda: _counts_are(db, {Status.PUBLISHED: 2, Status.ABANDONED: 1}))
+        settled = time.monotonic()
+        await eventually(lambda: _counts_are(db, {Status.ABANDONED: 1}), timeout=5)
+        published_gone = time.monotonic() - settled
+        await eventually(lambda: _counts_are(db, {}), timeout=8)
+        abandoned_gone = time.monotonic() - settled
+    # each window is honoured (not purged early), and purging follows within a few polls
+    assert 0.5 < published_gone < 2.5, published_gone
+    assert 2.5 < abandoned_gone < 5.0, abandoned_gone
+
+
+@pytest.fixture
+async def sqlite_db(tmp_path: Path) -> AsyncIterator[OutboxDB]:
+    async for each in outbox_db("sqlite", tmp_path, targets=("default", "partner")):
+        yield each
+
+
+@pytest.fixture
+async def pg_db(tmp_path: Path) -> AsyncIterator[OutboxDB]:
+    async for each in outbox_db("postgresql", tmp_path, targets=("default", "partner")):
+        yield each
+
+
+async def test_an_attached_outbox_wakes_an_idle_relay_at_once(sqlite_db: OutboxDB) -> None:
+    """Seed 001: a commit in the relay's own process is picked up without polling."""
+    import sqlite3
+
+    db = sqlite_db
+
+    from relaybox import Outbox
+
+    outbox = Outbox(table=db.table, targets=["default", "partner"], partitions=8)
+    publisher = MemoryPublisher()
+    settings = fast_settings(idle_interval=30.0, min_poll_interval=30.0)
+    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
+                     table=db.table, settings=settings) as relay:  # fmt: skip
+        relay.attach(outbox)
+        await asyncio.sleep(0.2)  # the first (empty) claim is done; now it would sleep 30 s
+        with sqlite3.connect(db.url.removeprefix("sqlite:///")) as conn:
+            written = outbox.add(conn, messages(["k"], per_key=1))
+        outbox.committed(written)
+        started = time.monotonic()
+        await eventually(lambda: len(publisher.published) == 1, timeout=5)
+        assert time.monotonic() - started < 1.0
+
+
+async def test_a_notify_from_another_process_wakes_an_idle_relay(pg_db: OutboxDB) -> None:
+    import asyncpg
+
+    db = pg_db
+    from relaybox import Outbox
+
+    outbox = Outbox(table=db.table, targets=["default", "partner"], partitions=8, notify=True)
+    publisher = MemoryPublisher()
+    settings = fast_settings(idle_interval=30.0, min_poll_interval=30.0)
+    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
+                     table=db.table, settings=settings):  # fmt: skip
+        await asyncio.sleep(0.3)
+        conn = await asyncpg.connect(db.url)
+        try:
+            async with conn.transaction():
+                await outbox.add_async(conn, messages(["k"], per_key=1))
+        finally:
+            await conn.close()
+        started = time.monotonic()  # not announced in-process: only the NOTIFY can wake it
+        await eventually(lambda: len(publisher.published) == 1, timeout=5)
+        assert time.monotonic() - started < 1.0
+
+
+async def test_relay_thread_runs_a_relay_for_sync_code(sqlite_db: OutboxDB) -> None:
+    db = sqlite_db
+    from relaybox.publishers.memory import MemoryPublisher as Sink
+    from relaybox.relay import RelayThread
+
+    publisher = Sink()
+    await db.write(messages(["a", "b"], per_key=5))
+
+    def run() -> None:
+        with RelayThread(lambda: Relay(db.url, {"default": publisher, "partner": Sink()},
+                                       table=db.table, settings=fast_settings())):  # fmt: skip
+            deadline = time.monotonic() + 15
+            while len(publisher.published) < 10 and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+    await asyncio.to_thread(run)
+    assert len(publisher.published) == 10
+    assert await db.status_counts() == {}

@@ -1,0 +1,102 @@
+"""Delivery of one claim: chains per (target, key), waves, and what is settled how."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Sequence
+
+from relaybox.core.circuit import CircuitBreaker, CircuitPolicy
+from relaybox.core.publishing import PublishResult, permanent, transient
+from relaybox.core.records import StoredMessage
+from relaybox.core.retry import RetryPolicy
+from relaybox.publishers.memory import MemoryPublisher
+from relaybox.relay.delivery import Delivery, Settlement, chains
+
+NOW = datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC)
+
+
+def stored(seq: int, key: str | None, target: str = "default", attempts: int = 0) -> StoredMessage:
+    return StoredMessage(
+        seq, uuid.uuid4(), target, False, "t", key, 0, "", "application/json",
+        b"{}", {}, None, None, None, None, NOW, NOW, attempts,
+    )  # fmt: skip
+
+
+def test_chains_group_by_target_and_key_in_seq_order() -> None:
+    batch = [stored(3, "a"), stored(1, "a"), stored(2, None), stored(4, "a", "other"),
+             stored(5, None), stored(6, "b")]  # fmt: skip
+    assert [[m.seq for m in chain] for chain in chains(batch)] == [[1, 3], [2], [4], [5], [6]]
+
+
+class Recorder(MemoryPublisher):
+    def __init__(self, outcomes: dict[int, PublishResult]) -> None:
+        super().__init__()
+        self.calls: list[list[int]] = []
+        self._outcomes = outcomes
+
+    async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
+        self.calls.append([m.seq for m in messages])
+        results = await super().publish(messages)
+        return [self._outcomes.get(m.seq, r) for m, r in zip(messages, results, strict=True)]
+
+
+def delivery(publisher: MemoryPublisher, max_attempts: int = 5) -> Delivery:
+    retry = RetryPolicy(base_delay=1.0, jitter=0.0, max_attempts=max_attempts)
+    circuits = {"default": CircuitBreaker(CircuitPolicy(failure_threshold=100))}
+    return Delivery({"default": publisher}, circuits, retry, publish_timeout=1.0)
+
+
+async def test_a_call_never_carries_two_messages_of_one_key() -> None:
+    publisher = Recorder({})
+    settlement = Settlement()
+    await delivery(publisher).run(
+        [stored(1, "a"), stored(2, "a"), stored(3, "b"), stored(4, None)], settlement
+    )
+    assert publisher.calls == [[1, 3, 4], [2]]
+    assert settlement.published == [1, 3, 4, 2]
+
+
+async def test_a_transient_failure_stops_its_chain_and_hands_the_rest_back() -> None:
+    publisher = Recorder({2: transient("down")})
+    settlement = Settlement()
+    batch = [stored(1, "a"), stored(2, "a", attempts=2), stored(3, "a"), stored(4, "b")]
+    await delivery(publisher).run(batch, settlement)
+    assert settlement.published == [1, 4]
+    assert [(f.seq, f.error, f.retry_in) for f in settlement.failed] == [(2, "down", 4.0)]
+    assert settlement.released == [3]  # not attempted, no attempt counted
+    assert publisher.calls == [[1, 4], [2]]
+
+
+async def test_permanent_failures_and_exhausted_retries_are_abandoned() -> None:
+    publisher = Recorder({1: permanent("too large"), 3: transient("down")})
+    settlement = Settlement()
+    batch = [stored(1, "a"), stored(2, "a"), stored(3, "b", attempts=2)]
+    await delivery(publisher, max_attempts=3).run(batch, settlement)
+    assert [(f.seq, f.error) for f in settlement.abandoned] == [(1, "too large"), (3, "down")]
+    assert settlement.published == [2]  # the key goes on after an abandoned message
+
+
+async def test_a_publisher_that_raises_or_miscounts_fails_transiently() -> None:
+    class Broken(MemoryPublisher):
+        async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
+            if len(messages) > 1:
+                raise ConnectionError("reset by peer")
+            return []
+
+    settlement = Settlement()
+    await delivery(Broken()).run([stored(1, "a"), stored(2, "b")], settlement)
+    assert [f.error for f in settlement.failed] == ["ConnectionError: reset by peer"] * 2
+    settlement = Settlement()
+    await delivery(Broken()).run([stored(1, "a")], settlement)
+    assert [f.error for f in settlement.failed] == ["publisher returned a wrong number of results"]
+
+
+async def test_lost_lease_stops_further_waves() -> None:
+    publisher = Recorder({})
+    settlement = Settlement()
+    calls = iter([True, False])
+    await delivery(publisher).run([stored(1, "a"), stored(2, "a")], settlement, lambda: next(calls))
+    assert publisher.calls == [[1]]
+    assert settlement.published == [1]
+    assert not settlement.released  # not ours any more: nothing to record for seq 2
