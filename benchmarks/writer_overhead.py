@@ -116,6 +116,7 @@ def transaction(conn: psycopg.Connection, outbox: Outbox | None, n: int, padding
 def client(
     seconds: float,
     variants: list[str],
+    slice_seconds: float | None,
     padding: bytes,
     queue: multiprocessing.Queue,  # type: ignore[type-arg]
 ) -> None:
@@ -192,8 +193,8 @@ def main() -> None:
         watcher = multiprocessing.Process(target=listener, args=(ready, stop, wakes_queue))
         watcher.start()
         ready.wait(30)
-    procs = [multiprocessing.Process(target=client, args=(args.seconds, variants, args.slice, padding, queue))
-             for _ in range(args.clients)]  # fmt: skip
+    work = (args.seconds, variants, args.slice, padding, queue)
+    procs = [multiprocessing.Process(target=client, args=work) for _ in range(args.clients)]
     for p in procs:
         p.start()
     parts = [queue.get() for _ in procs]

@@ -8,10 +8,13 @@ with psycopg.connect(DSN) as conn:          # one transaction
     outbox.add(conn, Message(topic="orders", key=order_id, payload={...}))
 """
 
+from relaybox.core.circuit import CircuitPolicy
 from relaybox.core.ids import uuid7
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import Message, Target
+from relaybox.core.publishing import Outcome, PublishResult
 from relaybox.core.records import Claim, Failure, OutboxStats, StoredMessage
+from relaybox.core.retry import RetryPolicy
 from relaybox.errors import (
     ConfigurationError,
     EmptyTopicError,
@@ -29,9 +32,6 @@ from relaybox.errors import (
     UnknownTargetError,
     UnsupportedConnectionError,
 )
-from relaybox.core.circuit import CircuitPolicy
-from relaybox.core.publishing import Outcome, PublishResult
-from relaybox.core.retry import RetryPolicy
 from relaybox.ports import OutboxStorage, Publisher
 from relaybox.relay import Relay, RelaySettings, RelayThread
 from relaybox.writer import Outbox

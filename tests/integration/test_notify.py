@@ -16,6 +16,7 @@ from relaybox import ConfigurationError, Message, Outbox, StorageOperationalErro
 from relaybox.core.identifiers import notify_channel
 from relaybox.storage.pg_listen import APPLICATION_NAME, Listener, listen
 from relaybox.storage.urls import DatabaseUrl
+from relaybox.writer.outbox import DEFAULT_NOTIFY_INTERVAL
 from tests.databases import PG_URL, create, drop, unique_table
 from tests.integration.drivers import ASYNC_CASES, SYNC_CASES, Case
 
@@ -177,20 +178,21 @@ async def test_a_commit_wakes_and_a_rollback_does_not(
     await wakes.stays(1)
 
 
-async def test_the_default_is_on_with_a_short_interval(
+async def test_notify_true_uses_the_default_interval(
     table: str, wakes: Wakes, asyncpg_listener: Listener, writer: Writer
 ) -> None:
-    outbox = Outbox(table=table)
-    assert outbox.notify_interval == 0.05
+    outbox = Outbox(table=table, notify=True)
+    assert outbox.notify_interval == DEFAULT_NOTIFY_INTERVAL == 0.05
     await writer.add(outbox, message())
     await writer.commit()
     await wakes.reach(1)
 
 
-async def test_notify_false_sends_nothing(
-    table: str, wakes: Wakes, asyncpg_listener: Listener, writer: Writer
+@pytest.mark.parametrize("notify", [False, None], ids=["false", "default"])
+async def test_notify_off_sends_nothing(
+    notify: bool | None, table: str, wakes: Wakes, asyncpg_listener: Listener, writer: Writer
 ) -> None:
-    outbox = Outbox(table=table, notify=False)
+    outbox = Outbox(table=table) if notify is None else Outbox(table=table, notify=notify)
     for n in range(3):
         await writer.add(outbox, message(n))
         await writer.commit()

@@ -56,6 +56,7 @@ def test_inserts_pass_the_channel_last_and_only_on_postgresql() -> None:
 @pytest.mark.parametrize(("notify", "interval"), [(True, 0.05), (False, None), (0, 0.0), (2, 2.0)])
 def test_the_notify_option(notify: bool | float, interval: float | None) -> None:
     assert Outbox(notify=notify).notify_interval == interval
+    assert Outbox().notify_interval is None  # off unless asked for: see Outbox's docstring
 
 
 @pytest.mark.parametrize("notify", [-1, float("nan"), "yes"])

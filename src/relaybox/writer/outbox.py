@@ -34,18 +34,22 @@ class Outbox:
 
     `notify` wakes relays that LISTEN on PostgreSQL (`relaybox.storage.pg_listen`):
     when on, an add through a PostgreSQL connection also NOTIFYs the table's channel
-    (`notify_channel`), inside the same INSERT, so it costs no round trip and is sent
-    only if the caller commits. NOTIFY takes a database-wide lock at commit (a
-    NOTIFY on every transaction halved commit throughput here), so it is debounced:
-    at most one add per `notify_interval` seconds per `Outbox` carries it. `True`
-    means every `DEFAULT_NOTIFY_INTERVAL` (0.05 s), a number sets the interval (0: every
-    add), `False` turns it off. Other databases ignore it; turn it off if you commit
-    with two-phase commit (PostgreSQL cannot PREPARE a transaction that notified).
+    (`notify_channel`, which states what a relay must do on a wake-up), inside the same
+    INSERT, so it costs no round trip and is sent only if the caller commits. NOTIFY
+    takes a database-wide lock at commit, so it is debounced: at most one add per
+    `notify_interval` seconds per `Outbox` carries it. `True` means every
+    `DEFAULT_NOTIFY_INTERVAL` (0.05 s), a number sets the interval (0: every add).
+    Other databases ignore it. Leave it off if you use two-phase commit (PostgreSQL
+    cannot PREPARE a transaction that notified).
 
-    It is on by default: with 4 writer processes the debounced NOTIFY cost no
-    measurable throughput (outbox transactions with it / without it: 1.00, median of
-    6 paired runs, spread 0.98-1.02), while a NOTIFY on every transaction cost 0.83
-    (docs/benchmarks.md, "Waking the relay with NOTIFY").
+    It is off by default because its cost grows with the number of writer processes
+    (each has its own `Outbox`, so up to 20 NOTIFYs a second each). Measured with
+    `benchmarks/writer_overhead.py` (docs/benchmarks.md, "Waking the relay with
+    NOTIFY"), outbox transactions with `notify=True` over without: 4 writer processes
+    0.996 (median of 6 paired runs, 5-7 % of transactions notified), 16 processes
+    0.978 (3 paired runs, 30-40 % notified) and 0.963 at full contention; with a NOTIFY
+    on every transaction 0.93 paired and 0.83 at full contention. Turn it on where a
+    few writer processes share the database and wake-up latency matters.
     """
 
     def __init__(
@@ -56,7 +60,7 @@ class Outbox:
         default_targets: Iterable[str] | None = None,
         partitions: int = DEFAULT_PARTITIONS,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        notify: bool | float = True,
+        notify: bool | float = False,
     ) -> None:
         self.table = validate_table_name(table)
         self.routing = Routing.of(targets, default_targets, partitions)
