@@ -66,7 +66,7 @@ async def serve(relay: Relay, *, max_seconds: float | None = None) -> None:
 )
 @click.option("--table", default=DEFAULT_TABLE, show_default=True)
 @click.option("--batch-size", default=500, show_default=True)
-@click.option("--max-in-flight", default=4, show_default=True)
+@click.option("--max-in-flight", default=2, show_default=True)
 @click.option("--lease", "lease_seconds", default=30.0, show_default=True)
 @click.option("--publish-timeout", default=10.0, show_default=True)
 @click.option("--partitions", default=DEFAULT_PARTITIONS, show_default=True)

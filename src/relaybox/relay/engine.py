@@ -109,12 +109,9 @@ class Relay:
 
     async def _connect(self, database: Database) -> Connections:
         if not isinstance(database, str):
-            return Connections((database,), database, database)
-        lanes = self.settings.claim_lanes
-        if DatabaseUrl.parse(database).dialect == "sqlite":
-            lanes = 1  # one writer at a time: a second claimer would only wait
-        opened = [await self._open(database) for _ in range(lanes + 2)]
-        return Connections(tuple(opened[:lanes]), opened[lanes], opened[lanes + 1])
+            return Connections(database, database, database)
+        claims, settles, housekeeping = [await self._open(database) for _ in range(3)]
+        return Connections(claims, settles, housekeeping)
 
     async def _listen(self, database: Database, processor: Processor) -> None:
         """On PostgreSQL, wake on the writers' NOTIFY too (see `notify_channel`)."""

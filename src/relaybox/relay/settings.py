@@ -15,10 +15,10 @@ class RelaySettings:
     #: Rows per claim; one commit claims them and one settles them.
     batch_size: int = 500
     #: Claimed batches being published at once: the window of unacknowledged sends.
-    max_in_flight: int = 4
-    #: Claims running at once per database, each on its own connection and its own
-    #: share of the partitions (SQLite, a single writer, always uses one).
-    claim_lanes: int = 1
+    #: Two overlap the next claim with the last batch's publish and settle; more only
+    #: made claims skip the keys still in flight (drain, no-op publisher: 1 batch 30k,
+    #: 2 batches 34-39k, 4 batches 31-33k msg/s; docs/benchmarks.md).
+    max_in_flight: int = 2
     #: How long a claim (and a partition) stays ours without renewal.
     lease_seconds: float = 30.0
     #: A publish call that takes longer counts as a transient failure.
@@ -45,10 +45,8 @@ class RelaySettings:
     shutdown_timeout: float = 10.0
 
     def __post_init__(self) -> None:
-        if min(self.batch_size, self.max_in_flight, self.cleanup_batch, self.claim_lanes) < 1:
-            raise ConfigurationError(
-                "batch_size, max_in_flight, claim_lanes and cleanup_batch must be >= 1"
-            )
+        if min(self.batch_size, self.max_in_flight, self.cleanup_batch) < 1:
+            raise ConfigurationError("batch_size, max_in_flight and cleanup_batch must be >= 1")
         if not self.lease_seconds > 0 or not self.publish_timeout > 0:
             raise ConfigurationError("lease_seconds and publish_timeout must be positive")
         if not 0 < self.min_poll_interval <= self.idle_interval:
