@@ -30,6 +30,11 @@ def key_lock_slot(key: str) -> int:
     return zlib.crc32(key.encode("utf-8")) % KEY_LOCK_SLOTS
 
 
+def claim_lock_key(table: str) -> int:
+    """A signed 32-bit key for `table`'s claim locks (PostgreSQL's two-int lock space)."""
+    return zlib.crc32(table.encode("utf-8")) - (1 << 31)
+
+
 def key_lock_id(table: str, key: str | None) -> int | None:
     """A signed 64-bit advisory-lock id for (table, key); None for keyless messages."""
     if key is None:

@@ -288,8 +288,7 @@ class Processor:
             await self._sleep(settings.cleanup_interval)
             if self._stopping.is_set():
                 return
-            try:
-                await self._db.housekeeping.recover_expired()
+            try:  # (expired leases need no sweep here: every claim takes them back)
                 self.metrics.purged += await self._db.housekeeping.purge(
                     published_older_than=settings.published_retention,
                     abandoned_older_than=settings.abandoned_retention,

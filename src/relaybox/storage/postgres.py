@@ -16,7 +16,12 @@ from typing import Any, Protocol, TypeVar
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.lifecycle import Status
-from relaybox.core.partitions import Rebalance, rebalance, require_partitions
+from relaybox.core.partitions import (
+    Rebalance,
+    claim_lock_key,
+    rebalance,
+    require_partitions,
+)
 from relaybox.core.records import Assignment, Claim, Failure, InsertRow, OutboxStats
 from relaybox.errors import StorageError, StorageIntegrityError, StorageOperationalError
 from relaybox.sql.inserts import inserts
@@ -127,6 +132,7 @@ class PostgresStorage:
         self.table = table
         self._url = url
         self._queries = sql.queries("postgresql", table)
+        self._lock_key = claim_lock_key(table)
         self._driver: _Driver | None = None
         self._lock = asyncio.Lock()
 
@@ -204,8 +210,25 @@ class PostgresStorage:
     ) -> Claim:
         token = uuid.uuid4()
         args = [worker, limit, _list(partitions), _list(targets), token, float(lease_seconds)]
-        found = await self._run("claim", args, rows=True)
-        return Claim(token=str(token), worker=worker, messages=by_seq(found))
+
+        async def claim(driver: _Driver) -> list[Sequence[Any]]:
+            if partitions is None:
+                await driver.execute(self._queries["claim_lock_all"], (self._lock_key,))
+            else:
+                lock = self._queries["claim_lock_partitions"]
+                await driver.fetch(lock, (self._lock_key, list(partitions)))
+            found = await driver.fetch(self._queries["claim"], args)
+            claimed = [row[1:] for row in found if not row[0]]
+            if len(claimed) < len(found) and len(claimed) < limit:
+                # Leases ran out: those rows are pending again (this transaction holds
+                # them); a second look takes them and what waited behind them, in order.
+                args[1] = limit - len(claimed)
+                again = await driver.fetch(self._queries["claim"], args)
+                claimed.extend(row[1:] for row in again if not row[0])
+            return claimed
+
+        claimed = await self._atomic(claim)
+        return Claim(str(token), worker, by_seq(claimed))
 
     async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
         name = "delete_published" if delete else "mark_published"
