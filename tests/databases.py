@@ -8,6 +8,7 @@ import uuid
 import psycopg
 import pymysql
 
+from relaybox.core.identifiers import index_prefix
 from relaybox.migrations import migrate
 
 PG_URL = os.environ.get("RELAYBOX_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -37,6 +38,7 @@ def drop(url: str, table: str) -> None:
         ) as conn:
             for name in tables:
                 conn.execute(f"DROP TABLE IF EXISTS {name}")
+            conn.execute(f"DROP FUNCTION IF EXISTS {index_prefix(table)}_claim")
     elif url.startswith("mysql"):
         conn = pymysql.connect(
             host="127.0.0.1", port=3306, user="root", password="", database="test"

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 import click
 
-from relaybox.core.identifiers import validate_table_name
+from relaybox.core.identifiers import index_prefix, validate_table_name
 from relaybox.core.message import DEFAULT_TARGET, Message
 from relaybox.core.payload import encode_payload
 from relaybox.core.publishing import PublishResult
@@ -282,6 +282,7 @@ class PostgresAdmin:
 
     async def drop(self, table: str) -> None:
         await self._in_database(f"DROP TABLE IF EXISTS {', '.join(_side_tables(table))}")
+        await self._in_database(f"DROP FUNCTION IF EXISTS {index_prefix(table)}_claim")
 
     async def close(self) -> None:
         await self._stats.close()

@@ -41,6 +41,7 @@ class Relays:
     def __init__(self, db: OutboxDB, out: Path, logs: Path) -> None:
         self.db, self.out, self.logs = db, out, logs
         self.procs: list[subprocess.Popen[str]] = []
+        self.workers: list[str] = []
 
     def start(self, count: int, query: str = "") -> None:
         for _ in range(count):
@@ -56,13 +57,18 @@ class Relays:
             self.procs.append(
                 subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
             )
+        for proc in self.procs[-count:]:  # wait until each is running
+            self.workers.append(self._running(proc))
+
+    @staticmethod
+    def _running(proc: subprocess.Popen[str]) -> str:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "relay <worker> running; targets: default"
+        assert line.startswith("relay "), f"relay did not start: {line!r}"
+        return line.split()[1]
 
     def worker(self, index: int) -> str:
-        stdout = self.procs[index].stdout
-        assert stdout is not None
-        line = stdout.readline()  # "relay <worker> running; targets: default"
-        assert line.startswith("relay "), line
-        return line.split()[1]
+        return self.workers[index]
 
     def kill(self, index: int) -> None:
         self.procs[index].send_signal(signal.SIGKILL)
@@ -95,7 +101,9 @@ def relays(db: OutboxDB, tmp_path: Path) -> Iterator[Relays]:
 def published(out: Path) -> list[dict[str, object]]:
     if not out.exists():
         return []
-    return [json.loads(line) for line in out.read_text().splitlines()]
+    text = out.read_text()
+    complete = text[: text.rfind("\n") + 1]  # a relay may be writing the last line now
+    return [json.loads(line) for line in complete.splitlines()]
 
 
 async def write_in_transactions(db: OutboxDB, batch: list[Message], per_txn: int = 50) -> None:

@@ -36,7 +36,7 @@ def line(message: StoredMessage) -> dict[str, object]:
         "key": message.key, "seq": message.seq, "partition": message.partition,
         "type": message.type, "content_type": message.content_type,
         "headers": dict(message.headers), "payload": payload, "encoding": encoding,
-        "attempts": message.attempts, "published_ns": time.time_ns(),
+        "attempts": message.attempts, "published_ns": time.time_ns(), "pid": os.getpid(),
     }  # fmt: skip
 
 

@@ -17,6 +17,12 @@ from relaybox.errors import ConfigurationError, RelayboxError
 from relaybox.relay.engine import Relay
 from relaybox.relay.settings import RelaySettings
 
+_early_signal: list[int] = []
+
+
+def _remember_signal(signum: int, _frame: object) -> None:
+    _early_signal.append(signum)
+
 
 def parse_brokers(values: tuple[str, ...]) -> dict[str, str]:
     brokers: dict[str, str] = {}
@@ -36,6 +42,8 @@ async def serve(relay: Relay, *, max_seconds: float | None = None) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if _early_signal:  # it came while we were starting: start, then stop at once
+        stop.set()
     try:
         await relay.start()
         click.echo(f"relay {relay.worker} running; targets: {', '.join(relay.publishers)}")
@@ -98,6 +106,8 @@ def relay(
     shutdown_timeout: float, max_seconds: float | None, log_level: str,
 ) -> None:  # fmt: skip
     """Deliver committed outbox messages to brokers until SIGTERM or SIGINT."""
+    for sig in (signal.SIGTERM, signal.SIGINT):  # until the event loop takes over
+        signal.signal(sig, _remember_signal)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     try:
         settings = RelaySettings(

@@ -73,8 +73,15 @@ def migrations(dialect: Dialect, table: str) -> list[tuple[int, str, str]]:
 
 
 def statements(script: str) -> list[str]:
-    """Split a DDL script on `;` at line ends; relaybox's DDL has no procedural bodies."""
-    without_comments = "\n".join(
-        line for line in script.splitlines() if not line.lstrip().startswith("--")
-    )
-    return [s.strip() for s in re.split(r";\s*$", without_comments, flags=re.M) if s.strip()]
+    """Split a DDL script on `;` at line ends, keeping `$$`-quoted bodies whole."""
+    found, current, quoted = [], [], False
+    for line in script.splitlines():
+        if not quoted and line.lstrip().startswith("--"):
+            continue
+        current.append(line)
+        quoted ^= line.count("$$") % 2 == 1
+        if not quoted and line.rstrip().endswith(";"):
+            found.append("\n".join(current).strip().removesuffix(";").strip())
+            current = []
+    found.append("\n".join(current).strip())
+    return [statement for statement in found if statement]

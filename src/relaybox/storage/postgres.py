@@ -32,14 +32,10 @@ T = TypeVar("T")
 
 
 #: For the relay's own connections. The claim's estimated cost (its per-row order
-#: checks) crosses jit_above_cost, and compiling it cost more than running it. And
-#: PostgreSQL kept planning the claim afresh for each call (2 ms of a 14 ms claim of
-#: 500): its one generic plan is the same index scan, and drained 15-25% faster.
-SESSION_SETTINGS = {
-    "jit": "off",
-    "plan_cache_mode": "force_generic_plan",
-    "application_name": "relaybox",
-}
+#: checks) crosses jit_above_cost, and compiling it cost more than running it.
+#: (Forcing generic plans was tried and dropped: a plan made while the table was empty
+#: turned the order check into a sequential scan per row, seconds per claim.)
+SESSION_SETTINGS = {"jit": "off", "application_name": "relaybox"}
 
 
 class _Driver(Protocol):
@@ -209,25 +205,17 @@ class PostgresStorage:
         targets: Sequence[str] | None = None,
     ) -> Claim:
         token = uuid.uuid4()
-        args = [worker, limit, _list(partitions), _list(targets), token, float(lease_seconds)]
-
-        async def claim(driver: _Driver) -> list[Sequence[Any]]:
-            if partitions is None:
-                await driver.execute(self._queries["claim_lock_all"], (self._lock_key,))
-            else:
-                lock = self._queries["claim_lock_partitions"]
-                await driver.fetch(lock, (self._lock_key, list(partitions)))
-            found = await driver.fetch(self._queries["claim"], args)
-            claimed = [row[1:] for row in found if not row[0]]
-            if len(claimed) < len(found) and len(claimed) < limit:
-                # Leases ran out: those rows are pending again (this transaction holds
-                # them); a second look takes them and what waited behind them, in order.
-                args[1] = limit - len(claimed)
-                again = await driver.fetch(self._queries["claim"], args)
-                claimed.extend(row[1:] for row in again if not row[0])
-            return claimed
-
-        claimed = await self._atomic(claim)
+        args = [worker, limit, _list(partitions), _list(targets), token, float(lease_seconds),
+                self._lock_key]  # fmt: skip
+        found = await self._run("claim", args, rows=True)
+        claimed = [row[1:] for row in found if not row[0]]
+        if len(claimed) < len(found) and len(claimed) < limit:
+            # Leases ran out: those rows are pending again; a second call takes them and
+            # what waited behind them, in order.
+            args[1] = limit - len(claimed)
+            claimed.extend(
+                row[1:] for row in await self._run("claim", args, rows=True) if not row[0]
+            )
         return Claim(str(token), worker, by_seq(claimed))
 
     async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:

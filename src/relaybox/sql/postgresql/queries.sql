@@ -86,60 +86,12 @@ FROM (SELECT count(*) FROM key_lock) AS locked, pg_notify($18::text, '') AS woke
          correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, delay, ord)
 ORDER BY r.ord;
 
--- name: claim_lock_partitions
--- Claims take turns per partition, so that nothing else changes a claimable row while a
--- claim runs (marks, renewals and releases touch rows in processing, which a claim never
--- takes). Transaction-scoped locks in the two-int key space, apart from the writers'
--- bigint key locks: ($1, -1) shared, then ($1, p) for each partition, in order.
--- $1 table key, $2 partitions.
-SELECT pg_advisory_xact_lock_shared($1::integer, -1),
-    (SELECT count(pg_advisory_xact_lock($1::integer, p))
-     FROM (SELECT DISTINCT unnest($2::integer[]) AS p ORDER BY 1) AS ordered);
-
--- name: claim_lock_all
--- A claim over every partition excludes all others. $1 table key.
-SELECT pg_advisory_xact_lock($1::integer, -1);
-
 -- name: claim
--- $1 worker, $2 limit, $3 partitions or NULL, $4 targets or NULL, $5 token, $6 lease s.
--- Runs after claim_lock_* in the same transaction. Walks live rows in seq order and
--- takes those that are due and have no earlier live row of their (target, key) that is
--- in processing or not due; rows behind such a head are skipped inside the scan, so one
--- key's blocked backlog never uses up the limit. No other claim runs on these rows at
--- once, so an earlier live row of a taken row is always taken too: no SKIP LOCKED, no
--- row locks written before the update, no anti-join. A row whose lease ran out is
--- handed back to pending (expired = true in the result, not claimed) and blocks its
--- key in this pass; the storage then runs the claim once more in the same transaction,
--- which takes it and what waited behind it, in order.
-WITH candidates AS (
-    SELECT seq, status = 'processing' AS expired FROM {table} o
-    WHERE published_at IS NULL AND abandoned_at IS NULL
-      AND CASE WHEN status = 'processing' THEN locked_until < now()
-               ELSE available_at <= now() END
-      AND ($3::integer[] IS NULL OR partition = ANY($3::integer[]))
-      AND ($4::text[] IS NULL OR target = ANY($4::text[]))
-      AND (key IS NULL OR status = 'processing' OR NOT EXISTS (
-          SELECT 1 FROM {table} h
-          WHERE h.target = o.target AND h.key = o.key AND h.seq < o.seq
-            AND h.key IS NOT NULL AND h.published_at IS NULL AND h.abandoned_at IS NULL
-            AND (h.status = 'processing' OR h.available_at > now())))
-    ORDER BY seq
-    LIMIT $2
-)
-UPDATE {table} o
-SET status = CASE WHEN c.expired THEN 'pending' ELSE 'processing' END,
-    locked_by = CASE WHEN c.expired THEN NULL ELSE $1 END,
-    lock_token = CASE WHEN c.expired THEN NULL ELSE $5::uuid END,
-    locked_until = CASE WHEN c.expired THEN NULL
-                        ELSE now() + $6::float8 * interval '1 second' END
-FROM candidates c
--- Rechecked if the row changed since the scan (a late mark of an expired lease).
-WHERE o.seq = c.seq AND o.published_at IS NULL AND o.abandoned_at IS NULL
-  AND CASE WHEN c.expired THEN o.status = 'processing' AND o.locked_until < now()
-           ELSE o.status <> 'processing' AND o.available_at <= now() END
-RETURNING c.expired, o.seq, o.id, o.target, o.external, o.topic, o.key, o.partition,
-    o.type, o.content_type, o.payload, o.headers::text, o.correlation_id, o.causation_id,
-    o.tenant_id, o.aggregate_id, o.occurred_at, o.created_at, o.attempts;
+-- One call of the claim function (migrations/0003_claim_function.sql explains it).
+-- $1 worker, $2 limit, $3 partitions or NULL, $4 targets or NULL, $5 token, $6 lease s,
+-- $7 the table's claim-lock key.
+SELECT * FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::text[], $5::uuid,
+    $6::float8, $7::integer);
 
 -- name: mark_published
 UPDATE {table}
