@@ -140,6 +140,8 @@ class Processor:
         partitions = sorted(self.partitions) if self.partitions is not None else None
         if self._settings.partition_leases and not partitions:
             return None  # no partition held (yet): nothing is ours to claim
+        if partitions is not None and len(partitions) >= self._settings.partitions:
+            partitions = None  # all of them: one lock for the claim instead of one each
         claim = await self._db.claims.claim(
             self.worker,
             limit=self._settings.batch_size,
