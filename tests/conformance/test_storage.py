@@ -402,3 +402,29 @@ async def test_heartbeats_follow_the_partition_count(backend: Backend) -> None:
     fewer = await storage.heartbeat("w1", partitions=4, lease_seconds=LEASE)
     assert fewer == Assignment(frozenset(range(4)), 1)  # rows 4..9 are left alone
     assert await storage.heartbeat("w1", partitions=10, lease_seconds=LEASE) == everything
+
+
+async def test_a_keys_row_in_a_partition_outside_the_claim_blocks_its_later_rows(
+    backend: Backend,
+) -> None:
+    """Writers and relays may disagree on the partition count for a while (a rolling
+    deploy): a key's rows then sit in two partitions, and a claim of the second must
+    not overtake the first."""
+    from relaybox.core.partitions import partition_for
+
+    key = "k-moved"
+    first = msg(key, payload={"n": 1})
+    second = msg(key, payload={"n": 2})
+    old = Routing.of(["default", "partner"], ["default"], 7)
+    new = Routing.of(["default", "partner"], ["default"], 64)
+    old_partition = partition_for(key, first.id, 7)
+    new_partition = partition_for(key, second.id, 64)
+    assert old_partition != new_partition
+    await backend.storage.write(old.rows([first]))
+    await backend.storage.write(new.rows([second]))
+    claim = await backend.storage.claim("w", limit=10, lease_seconds=LEASE,
+                                        partitions=[new_partition])  # fmt: skip
+    assert claim.messages == []
+    claim = await backend.storage.claim("w", limit=10, lease_seconds=LEASE,
+                                        partitions=[old_partition])  # fmt: skip
+    assert [m.id for m in claim.messages] == [first.id]

@@ -60,6 +60,14 @@ class CircuitBreaker:
             return 0.0
         return self._opened_at + self._open_for - self._clock()
 
+    @property
+    def probing(self) -> bool:
+        return self._probing
+
+    def probe_abandoned(self) -> None:
+        """The probe was cancelled before a result: let another one go."""
+        self._probing = False
+
     def allow_probe(self) -> bool:
         """In half-open state, True for exactly one caller until its result is recorded."""
         if self.state is not CircuitState.HALF_OPEN or self._probing:

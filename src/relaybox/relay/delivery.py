@@ -137,7 +137,11 @@ class Delivery:
         if state is CircuitState.HALF_OPEN:  # one message probes; the rest wait their turn
             if not circuit.allow_probe():
                 return [_OPEN] * len(batch)
-            probe = await self._call(self._publishers[target], batch[:1])
+            try:
+                probe = await self._call(self._publishers[target], batch[:1])
+            except BaseException:  # cancelled: no result, so another probe may go
+                circuit.probe_abandoned()
+                raise
             if probe[0].outcome is Outcome.TRANSIENT:
                 circuit.record_failure()
                 return [_OPEN] * len(batch)  # a failed probe burns no attempt

@@ -91,15 +91,23 @@ class Processor:
 
     async def stop(self, timeout: float) -> None:
         """Stop claiming; let in-flight batches finish for `timeout`, then release them."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         self._stopping.set()
         self.wake()
         self._assigned.set()
-        if self._deliveries:
-            _, pending = await asyncio.wait(self._deliveries, timeout=timeout)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending)
+        # The claim loop ends after the claim it may be running (whose batch it launches,
+        # so the batch is settled or released below), or when it next gets a slot.
+        claim_loop = self._tasks[:1]
+        if claim_loop:
+            await asyncio.wait(claim_loop, timeout=timeout)
+        while self._deliveries and loop.time() < deadline:
+            await asyncio.wait(set(self._deliveries), timeout=deadline - loop.time())
+        pending = set(self._deliveries)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -117,6 +125,9 @@ class Processor:
             if self._stopping.is_set():
                 return
             await self._slots.acquire()
+            if self._stopping.is_set():  # stop() came while we waited for a slot
+                self._slots.release()
+                return
             try:
                 claim = await self._claim()
             except RelayboxError as error:
@@ -159,8 +170,14 @@ class Processor:
         self._probe_in = None
         for target in self._targets:
             circuit = self._circuits[target]
-            if circuit.state is not CircuitState.OPEN:
+            state = circuit.state
+            if state is CircuitState.CLOSED or (
+                state is CircuitState.HALF_OPEN and not circuit.probing
+            ):
                 targets.append(target)
+                continue
+            if state is CircuitState.HALF_OPEN:  # a probe is out: wait for its answer
+                self._probe_in = self._settings.min_poll_interval
                 continue
             wait = max(circuit.seconds_until_probe(), self._settings.min_poll_interval)
             self._probe_in = min(self._probe_in or wait, wait)

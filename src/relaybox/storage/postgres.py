@@ -35,7 +35,12 @@ T = TypeVar("T")
 #: checks) crosses jit_above_cost, and compiling it cost more than running it.
 #: (Forcing generic plans was tried and dropped: a plan made while the table was empty
 #: turned the order check into a sequential scan per row, seconds per claim.)
-SESSION_SETTINGS = {"jit": "off", "application_name": "relaybox"}
+#: The claim's order guarantee needs each statement to see what committed before it.
+SESSION_SETTINGS = {
+    "jit": "off",
+    "default_transaction_isolation": "read committed",
+    "application_name": "relaybox",
+}
 
 
 class _Driver(Protocol):
@@ -73,7 +78,10 @@ class _PsycopgDriver:
     async def connect(cls, dsn: str) -> _PsycopgDriver:
         import psycopg
 
-        options = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items())
+        options = " ".join(  # libpq's options: a space inside a value is escaped
+            f"-c {name}={value.replace(' ', chr(92) + ' ')}"
+            for name, value in SESSION_SETTINGS.items()
+        )
         connection = await psycopg.AsyncConnection.connect(
             dsn, autocommit=True, cursor_factory=psycopg.AsyncRawCursor, options=options
         )

@@ -41,7 +41,10 @@ BEGIN
               SELECT 1 FROM {table} h
               WHERE h.target = o.target AND h.key = o.key AND h.seq < o.seq
                 AND h.key IS NOT NULL AND h.published_at IS NULL AND h.abandoned_at IS NULL
-                AND (h.status = 'processing' OR h.available_at > now())))
+                AND (h.status = 'processing' OR h.available_at > now()
+                     -- an earlier row outside this claim's partitions (written under
+                     -- another partition count) is not ours to take: it blocks too
+                     OR NOT (h.partition = ANY(coalesce(p_partitions, ARRAY[h.partition]))))))
         ORDER BY o.seq
         LIMIT p_limit
     )
