@@ -363,3 +363,36 @@ async def test_relay_thread_runs_a_relay_for_sync_code(sqlite_db: OutboxDB) -> N
     await asyncio.to_thread(run)
     assert len(publisher.published) == 10
     assert await db.status_counts() == {}
+
+
+async def test_an_unrecorded_failure_holds_back_its_keys_later_successes(db: OutboxDB) -> None:
+    """K:0 is refused for good, K:1 goes out; if the abandon of K:0 cannot be recorded,
+    K:1 is not recorded as published either, so neither comes back out of order."""
+    await db.write(messages(["k"], per_key=2))
+    publisher = MemoryPublisher()
+    publisher.reject(lambda m: json.loads(m.payload)["n"] == 0, error="too large")
+    settings = fast_settings(lease_seconds=0.8, published_retention=3600.0)
+    relay = Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
+                  table=db.table, settings=settings)  # fmt: skip
+    async with relay:
+        cut = [_NoAbandon(p._db.settles) for p in relay.processors]
+        for processor, settles in zip(relay.processors, cut, strict=True):
+            processor._db = dataclasses.replace(processor._db, settles=settles)
+        await eventually(lambda: len(publisher.published) >= 1)
+        await asyncio.sleep(0.2)
+        assert {r.status for r in await asyncio.to_thread(rows, db)} == {Status.PROCESSING}
+        for settles in cut:
+            settles.healed = True
+        await eventually(lambda: _counts_are(db, {Status.ABANDONED: 1, Status.PUBLISHED: 1}))
+
+
+class _NoAbandon(_NoRenew):
+    healed = False
+
+    async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
+        return await self._inner.renew(token, seqs, lease_seconds)  # type: ignore[attr-defined,no-any-return]
+
+    async def abandon(self, token: str, failures: Sequence[object]) -> int:
+        if self.healed:
+            return await self._inner.abandon(token, failures)  # type: ignore[attr-defined,no-any-return]
+        raise StorageOperationalError("connection cut (test)")

@@ -14,10 +14,10 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from relaybox.core.circuit import CircuitBreaker, CircuitState
-from relaybox.core.records import Claim
+from relaybox.core.records import Claim, StoredMessage
 from relaybox.errors import RelayboxError
 from relaybox.ports import OutboxStorage, Publisher
 from relaybox.relay.delivery import Delivery, Settlement
@@ -211,11 +211,11 @@ class Processor:
         except asyncio.CancelledError:
             settled = _seqs(settlement)
             settlement.released.extend(m.seq for m in claim.messages if m.seq not in settled)
-            await self._settle(claim.token, settlement)
+            await self._settle(claim, settlement)
             raise
         finally:
             renewer.cancel()
-        await self._settle(claim.token, settlement)
+        await self._settle(claim, settlement)
 
     async def _renew(self, claim: Claim, deadline: list[float]) -> None:
         seqs = [m.seq for m in claim.messages]
@@ -235,30 +235,39 @@ class Processor:
                 return
             deadline[0] = asked + self._settings.lease_seconds
 
-    async def _settle(self, token: str, settlement: Settlement) -> None:
-        storage = self._db.settles
-        steps: list[tuple[str, Callable[[], Awaitable[int]]]] = []
-        if settlement.published:
-            delete = self._settings.published_retention == 0
-            steps.append(("published", lambda: storage.mark_published(
-                token, settlement.published, delete=delete)))  # fmt: skip
-        if settlement.failed:
-            steps.append(("failed", lambda: storage.mark_failed(token, settlement.failed)))
+    async def _settle(self, claim: Claim, settlement: Settlement) -> None:
+        """Record the outcomes, failures first. If a failure cannot be recorded, the
+        later messages of its key are not recorded as published either: the failed
+        one comes back when the lease runs out, and they come back after it, in order
+        (published twice, but never first after their predecessor)."""
+        storage, token = self._db.settles, claim.token
+        held_back: dict[tuple[str, str], int] = {}  # (target, key) -> first unrecorded
+        by_seq = {m.seq: m for m in claim.messages}
         if settlement.abandoned:
-            steps.append(("abandoned", lambda: storage.abandon(token, settlement.abandoned)))
+            abandoned = settlement.abandoned
+            if not await self._record("abandoned", lambda: storage.abandon(token, abandoned)):
+                _hold_back(held_back, by_seq, (f.seq for f in abandoned))
+        if settlement.failed:
+            failed = settlement.failed
+            if not await self._record("failed", lambda: storage.mark_failed(token, failed)):
+                _hold_back(held_back, by_seq, (f.seq for f in failed))
+        published = [s for s in settlement.published if not _behind(held_back, by_seq[s])]
+        if published:
+            delete = self._settings.published_retention == 0
+            await self._record(
+                "published", lambda: storage.mark_published(token, published, delete=delete)
+            )
         if settlement.released:
-            steps.append(("released", lambda: storage.release(token, settlement.released)))
-        for kind, step in steps:
-            count = await self._retrying(step, kind)
-            setattr(self.metrics, kind, getattr(self.metrics, kind) + count)
+            released = settlement.released
+            await self._record("released", lambda: storage.release(token, released))
 
-    async def _retrying(self, step: Callable[[], Awaitable[int]], kind: str) -> int:
-        """Settle with a few retries; if it cannot be recorded the lease expires and the
-        rows are delivered again (at-least-once), so giving up loses nothing."""
+    async def _record(self, kind: str, step: Callable[[], Awaitable[int]]) -> bool:
+        """Settle with a few retries and count it; False if it could not be recorded.
+        Giving up loses nothing: the lease expires and the rows are delivered again."""
         delay = 0.05
         for attempt in range(5):
             try:
-                return await step()
+                count = await step()
             except RelayboxError as error:
                 logger.warning(
                     "settle %s failed (attempt %d): %s", kind, attempt + 1, error,
@@ -266,7 +275,10 @@ class Processor:
                 )  # fmt: skip
                 await asyncio.sleep(delay)
                 delay *= 4
-        return 0
+                continue
+            setattr(self.metrics, kind, getattr(self.metrics, kind) + count)
+            return True
+        return False
 
     # -- partitions and housekeeping -------------------------------------------------
 
@@ -319,6 +331,23 @@ class Processor:
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
+
+
+def _hold_back(
+    held_back: dict[tuple[str, str], int], by_seq: dict[int, StoredMessage], seqs: Iterable[int]
+) -> None:
+    for seq in seqs:
+        message = by_seq[seq]
+        if message.key is not None:
+            chain = (message.target, message.key)
+            held_back[chain] = min(held_back.get(chain, seq), seq)
+
+
+def _behind(held_back: dict[tuple[str, str], int], message: StoredMessage) -> bool:
+    if message.key is None or not held_back:
+        return False
+    first = held_back.get((message.target, message.key))
+    return first is not None and message.seq > first
 
 
 def _seqs(settlement: Settlement) -> set[int]:
