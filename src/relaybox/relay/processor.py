@@ -199,25 +199,42 @@ class Processor:
     # -- publishing and settling -----------------------------------------------------
 
     async def _deliver(self, claim: Claim) -> None:
+        """Publish and settle one claim, never past its lease: a publish still running
+        when the lease (as last renewed) runs out is cancelled, since another worker
+        may take the rows then and publish the key's next messages."""
         lease = self._settings.lease_seconds
-        deadline = [time.monotonic() + lease]
         margin = min(1.0, lease / 10)
-        renewer = asyncio.create_task(self._renew(claim, deadline))
+        deadline = [time.monotonic() + lease]
         settlement = Settlement()
         try:
-            await self._delivery.run(
-                claim.messages, settlement, lambda: time.monotonic() < deadline[0] - margin
+            async with asyncio.timeout_at(deadline[0] - margin) as guard:
+                renewer = asyncio.create_task(self._renew(claim, deadline, guard, margin))
+                try:
+                    await self._delivery.run(
+                        claim.messages, settlement, lambda: time.monotonic() < deadline[0]
+                    )
+                except asyncio.CancelledError:  # stop() or the lease guard
+                    if guard.expired():
+                        self.metrics.leases_lost += 1
+                    settled = _seqs(settlement)
+                    settlement.released.extend(
+                        m.seq for m in claim.messages if m.seq not in settled
+                    )
+                    await asyncio.shield(self._settle(claim, settlement))
+                    raise
+                finally:
+                    renewer.cancel()
+        except TimeoutError:
+            logger.warning(
+                "lease ran out while publishing; the rest is left to the next claim",
+                extra={"action": "lease_lost"},
             )
-        except asyncio.CancelledError:
-            settled = _seqs(settlement)
-            settlement.released.extend(m.seq for m in claim.messages if m.seq not in settled)
-            await self._settle(claim, settlement)
-            raise
-        finally:
-            renewer.cancel()
+            return
         await self._settle(claim, settlement)
 
-    async def _renew(self, claim: Claim, deadline: list[float]) -> None:
+    async def _renew(
+        self, claim: Claim, deadline: list[float], guard: asyncio.Timeout, margin: float
+    ) -> None:
         seqs = [m.seq for m in claim.messages]
         while True:
             await asyncio.sleep(self._settings.renew_interval)
@@ -230,10 +247,11 @@ class Processor:
                 logger.warning("lease renewal failed: %s", error, extra={"action": "renew"})
                 continue
             if renewed < len(seqs):  # some rows went to another worker: stop publishing
-                self.metrics.leases_lost += 1
                 deadline[0] = 0.0
+                guard.reschedule(asyncio.get_running_loop().time())
                 return
             deadline[0] = asked + self._settings.lease_seconds
+            guard.reschedule(deadline[0] - margin)
 
     async def _settle(self, claim: Claim, settlement: Settlement) -> None:
         """Record the outcomes, failures first. If a failure cannot be recorded, the
