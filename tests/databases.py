@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import uuid
+from typing import Any
 
 import psycopg
 import pymysql
@@ -50,3 +53,20 @@ def drop(url: str, table: str) -> None:
                     cursor.execute(f"DROP TABLE IF EXISTS {name}")
         finally:
             conn.close()
+
+
+def fetch_all(url: str, query: str) -> list[tuple[Any, ...]]:
+    """Run one read query on the database at `url` (sync, its own connection)."""
+    if url.startswith("postgresql"):
+        with psycopg.connect(url.replace("+asyncpg", "").replace("+psycopg", "")) as conn:
+            return list(conn.execute(query).fetchall())
+    if url.startswith("mysql"):
+        conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", database="test")
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(query)
+                return list(cursor.fetchall())
+        finally:
+            conn.close()
+    with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as lite:
+        return list(lite.execute(query).fetchall())

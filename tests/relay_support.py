@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -19,7 +18,15 @@ from relaybox.ports import OutboxStorage
 from relaybox.relay import RelaySettings
 from relaybox.storage import open_storage
 from relaybox.storage.memory import MemoryStorage
-from tests.databases import MYSQL_URL, PG_URL, create, drop, sqlite_url, unique_table
+from tests.databases import (
+    MYSQL_URL,
+    PG_URL,
+    create,
+    drop,
+    fetch_all,
+    sqlite_url,
+    unique_table,
+)
 
 RELAY_BACKENDS = ["postgresql", "mysql", "sqlite", "memory"]
 
@@ -52,11 +59,6 @@ class OutboxDB:
 
     async def status_counts(self) -> dict[Status, int]:
         return dict((await self.storage.stats()).counts)
-
-
-@dataclasses.dataclass
-class _Opened:
-    items: list[OutboxStorage] = dataclasses.field(default_factory=list)
 
 
 async def outbox_db(
@@ -140,24 +142,6 @@ def rows(db: OutboxDB) -> list[Row]:
     if db.name == "memory":
         stored = db.storage._rows.values()  # type: ignore[attr-defined]
         return [Row(r.seq, r.key, r.status, r.attempts, r.last_error) for r in stored]
-    if db.name == "postgresql":
-        import psycopg
-
-        with psycopg.connect(db.url) as conn:
-            found = conn.execute(_ROWS_SQL.format(key="key", table=db.table)).fetchall()
-    elif db.name == "mysql":
-        import pymysql
-
-        conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", database="test")
-        try:
-            with conn.cursor() as cursor:
-                cursor.execute(_ROWS_SQL.format(key="`key`", table=db.table))
-                found = list(cursor.fetchall())
-        finally:
-            conn.close()
-    else:
-        import sqlite3
-
-        with contextlib.closing(sqlite3.connect(db.url.removeprefix("sqlite:///"))) as conn:
-            found = conn.execute(_ROWS_SQL.format(key="key", table=db.table)).fetchall()
+    key = "`key`" if db.name == "mysql" else "key"
+    found = fetch_all(db.url, _ROWS_SQL.format(key=key, table=db.table))
     return [Row(seq, key, Status(status), tries, error) for seq, key, status, tries, error in found]

@@ -8,6 +8,8 @@ with psycopg.connect(DSN) as conn:          # one transaction
     outbox.add(conn, Message(topic="orders", key=order_id, payload={...}))
 """
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
 from relaybox.core.circuit import CircuitPolicy
 from relaybox.core.ids import uuid7
 from relaybox.core.lifecycle import Status
@@ -33,10 +35,25 @@ from relaybox.errors import (
     UnsupportedConnectionError,
 )
 from relaybox.ports import OutboxStorage, Publisher
-from relaybox.relay import Relay, RelaySettings, RelayThread
 from relaybox.writer import Outbox
 
 __version__ = "0.1.0"
+
+if _TYPE_CHECKING:
+    from relaybox.relay import Relay, RelaySettings, RelayThread
+
+#: The relay pulls in asyncio and the storage layer (~60 ms of imports); a service that
+#: only writes messages should not pay for it, so these load on first use.
+_LAZY = {"Relay", "RelaySettings", "RelayThread"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        from relaybox import relay
+
+        return getattr(relay, name)
+    raise AttributeError(f"module 'relaybox' has no attribute {name!r}")
+
 
 __all__ = [
     "CircuitPolicy",

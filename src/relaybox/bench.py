@@ -29,7 +29,6 @@ import shlex
 import sqlite3
 import sys
 import time
-import urllib.parse
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
@@ -49,7 +48,7 @@ from relaybox.publishers import open_publisher
 from relaybox.relay.engine import Relay
 from relaybox.relay.settings import RelaySettings
 from relaybox.storage import open_storage
-from relaybox.storage.urls import DatabaseUrl
+from relaybox.storage.urls import DatabaseUrl, mask_password
 from relaybox.writer.outbox import Outbox
 
 DEFAULT_DB = "postgresql://postgres@127.0.0.1:5432/test"
@@ -799,7 +798,7 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
             "command": shlex.join(sys.argv),
             "database": {"url": url.masked, "dialect": url.dialect, "table": options.table,
                          "version": await admin.version()},
-            "broker": _masked(options.broker),
+            "broker": mask_password(options.broker),
             "machine": machine(),
             "settings": _settings(options, url),
         }  # fmt: skip
@@ -828,7 +827,7 @@ def _settings(options: BenchOptions, url: DatabaseUrl) -> dict[str, Any]:
     relay = _relay_settings(options)
     writer = {"postgresql": "asyncpg", "mysql": "aiomysql", "sqlite": "aiosqlite"}[url.dialect]
     settings = dataclasses.asdict(options)
-    settings["db"], settings["broker"] = url.masked, _masked(options.broker)
+    settings["db"], settings["broker"] = url.masked, mask_password(options.broker)
     settings["relay"] = {
         "batch_size": relay.batch_size, "max_in_flight": relay.max_in_flight,
         "idle_interval": relay.idle_interval, "min_poll_interval": relay.min_poll_interval,
@@ -868,14 +867,6 @@ async def _measure(options: BenchOptions, admin: Admin, report: dict[str, Any]) 
     raw = report["raw"]["raw_limit_msg_per_s"] if report["raw"] else None
     drained = report["drain"]["msg_per_s"]
     report["relay_vs_raw"] = round(drained / raw, 3) if raw and drained else None
-
-
-def _masked(url: str) -> str:
-    """`url` without its password, if it has one."""
-    parts = urllib.parse.urlsplit(url)
-    if not parts.password:
-        return url
-    return url.replace(f":{parts.password}@", ":***@", 1)
 
 
 def _default_table() -> str:

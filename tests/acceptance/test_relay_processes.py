@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from relaybox import Message
+from tests.databases import fetch_all
 from tests.relay_support import OutboxDB, messages, outbox_db
 
 RELAYBOX = str(Path(sys.executable).with_name("relaybox"))
@@ -208,26 +209,8 @@ async def _partition_owners(db: OutboxDB) -> dict[int, str | None]:
 
 
 def _read_owners(db: OutboxDB) -> dict[int, str | None]:
-    query = f"SELECT partition, owner FROM {db.table}_partitions"
-    if db.name == "postgresql":
-        import psycopg
-
-        with psycopg.connect(db.url) as conn:
-            return dict(conn.execute(query).fetchall())
-    if db.name == "mysql":
-        import pymysql
-
-        conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", database="test")
-        try:
-            with conn.cursor() as cursor:
-                cursor.execute(query.replace("partition,", "`partition`,"))
-                return dict(cursor.fetchall())
-        finally:
-            conn.close()
-    import sqlite3
-
-    with sqlite3.connect(db.url.removeprefix("sqlite:///")) as conn:
-        return dict(conn.execute(query).fetchall())
+    column = "`partition`" if db.name == "mysql" else "partition"
+    return dict(fetch_all(db.url, f"SELECT {column}, owner FROM {db.table}_partitions"))
 
 
 def test_relay_command_rejects_a_bad_broker_option() -> None:

@@ -47,7 +47,6 @@ class CircuitBreaker:
         self._open_for = policy.open_seconds
         self._state = CircuitState.CLOSED
         self._probing = False
-        self.openings = 0
 
     @property
     def state(self) -> CircuitState:
@@ -97,4 +96,3 @@ class CircuitBreaker:
     def _open(self) -> None:
         self._state = CircuitState.OPEN
         self._opened_at = self._clock()
-        self.openings += 1

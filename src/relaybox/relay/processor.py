@@ -38,7 +38,6 @@ class ProcessorMetrics:
     leases_lost: int = 0
     heartbeats: int = 0
     purged: int = 0
-    in_flight: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,6 +61,8 @@ class Processor:
         self.worker = worker
         self.metrics = ProcessorMetrics()
         self.partitions: frozenset[int] | None = None
+        #: What claims pass as `partitions`: None for all, [] for none (not yet held).
+        self._scope: list[int] | None = [] if settings.partition_leases else None
         self._probe_in: float | None = None
         self._db = connections
         self._publishers = publishers
@@ -88,6 +89,11 @@ class Processor:
 
     def wake(self) -> None:
         self._waker.wake()
+
+    @property
+    def in_flight(self) -> int:
+        """Claimed batches being published or settled now."""
+        return len(self._deliveries)
 
     async def stop(self, timeout: float) -> None:
         """Stop claiming; let in-flight batches finish for `timeout`, then release them."""
@@ -148,16 +154,13 @@ class Processor:
         targets = self._claimable_targets()
         if not targets:
             return None
-        partitions = sorted(self.partitions) if self.partitions is not None else None
-        if self._settings.partition_leases and not partitions:
+        if self._scope == []:
             return None  # no partition held (yet): nothing is ours to claim
-        if partitions is not None and len(partitions) >= self._settings.partitions:
-            partitions = None  # all of them: one lock for the claim instead of one each
         claim = await self._db.claims.claim(
             self.worker,
             limit=self._settings.batch_size,
             lease_seconds=self._settings.lease_seconds,
-            partitions=partitions,
+            partitions=self._scope,
             targets=targets,
         )
         self.metrics.claims += 1
@@ -186,11 +189,9 @@ class Processor:
     def _launch(self, claim: Claim) -> None:
         task = asyncio.create_task(self._deliver(claim))
         self._deliveries.add(task)
-        self.metrics.in_flight += 1
 
         def done(finished: asyncio.Task[None]) -> None:
             self._deliveries.discard(finished)
-            self.metrics.in_flight -= 1
             self._slots.release()
             self.wake()  # a slot is free: there may be more to claim
 
@@ -328,6 +329,9 @@ class Processor:
                 extra={"action": "rebalance", "partitions": sorted(partitions)},
             )  # fmt: skip
             self.partitions = partitions
+            # Holding all of them, a claim takes one lock instead of one per partition.
+            held_all = len(partitions) >= self._settings.partitions
+            self._scope = None if held_all else sorted(partitions)
             self.wake()
         self._assigned.set()
 

@@ -70,13 +70,19 @@ class DatabaseUrl:
     @property
     def masked(self) -> str:
         """The URL with its password replaced, for logs and errors."""
-        if not self.password:
-            return self.url
-        return self.url.replace(f":{urllib.parse.quote(self.password, safe='')}@", ":***@").replace(
-            f":{self.password}@", ":***@"
-        )
+        return mask_password(self.url)
 
     def libpq_dsn(self) -> str:
         """A postgresql:// URL without the +driver suffix, for asyncpg and psycopg."""
         scheme_end = self.url.index("://")
         return "postgresql" + self.url[scheme_end:]
+
+
+def mask_password(url: str) -> str:
+    """Any URL (database or broker) with its password replaced, for logs and reports."""
+    password = urllib.parse.urlsplit(url).password
+    if not password:
+        return url
+    return url.replace(f":{password}@", ":***@", 1).replace(
+        f":{urllib.parse.unquote(password)}@", ":***@", 1
+    )
