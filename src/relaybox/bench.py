@@ -41,6 +41,7 @@ from relaybox.core.message import DEFAULT_TARGET, Message
 from relaybox.core.payload import encode_payload
 from relaybox.core.publishing import PublishResult
 from relaybox.core.records import Routing, StoredMessage
+from relaybox.core.urls import mask_password
 from relaybox.errors import RelayboxError
 from relaybox.migrations import migrate
 from relaybox.ports import Publisher
@@ -48,7 +49,7 @@ from relaybox.publishers import open_publisher
 from relaybox.relay.engine import Relay
 from relaybox.relay.settings import RelaySettings
 from relaybox.storage import open_storage
-from relaybox.storage.urls import DatabaseUrl, mask_password
+from relaybox.storage.urls import DatabaseUrl
 from relaybox.writer.outbox import Outbox
 
 DEFAULT_DB = "postgresql://postgres@127.0.0.1:5432/test"

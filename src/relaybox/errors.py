@@ -15,6 +15,8 @@
     |   +-- StorageIntegrityError     a constraint was violated: do not retry
     |   +-- SchemaError               tables missing or newer than this relaybox
     +-- MigrationError
+    +-- BrokerError                   a broker could not be reached or refused a request
+        +-- BrokerUnavailableError    cannot connect or authenticate; check the broker URL
 
 Each class's docstring is its default message. Adapters translate their driver's
 exceptions into the storage branch, so one retry rule works on every database
@@ -85,3 +87,11 @@ class SchemaError(StorageError):
 
 class MigrationError(RelayboxError):
     """A schema migration failed; the database keeps the last version that succeeded."""
+
+
+class BrokerError(RelayboxError):
+    """The broker failed."""
+
+
+class BrokerUnavailableError(BrokerError):
+    """The broker cannot be reached or refused the connection; check its URL and that it runs."""

@@ -1,29 +1,48 @@
 """Publishers: one per broker, all behind `relaybox.ports.Publisher`, chosen by URL.
 
-Broker client libraries are imported only when their scheme is used.
+Each scheme's module exposes `from_url(BrokerUrl) -> Publisher`; it is imported, with
+its client library, only when a URL of that scheme is opened.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from relaybox.errors import ConfigurationError
 from relaybox.ports import Publisher
+from relaybox.publishers.options import BrokerUrl
+
+#: URL scheme -> the module that publishes to it.
+SCHEMES: dict[str, str] = {
+    "memory": "memory",
+    "noop": "memory",
+    "file": "file",
+    "stdout": "file",
+    "nats": "nats",
+    "tls": "nats",
+    "amqp": "amqp",
+    "amqps": "amqp",
+    "kafka": "kafka",
+    "redis": "redis",
+    "rediss": "redis",
+    "mqtt": "mqtt",
+    "mqtts": "mqtt",
+    "http": "http",
+    "https": "http",
+}
 
 
 def open_publisher(url: str) -> Publisher:
-    """A publisher for `url`, not yet started: memory://, noop://, file://PATH."""
-    scheme, sep, rest = url.partition("://")
+    """A publisher for `url`, not yet started; see each module for its options."""
+    scheme, sep, _ = url.partition("://")
     if not sep:
         raise ConfigurationError(f"broker URL {url!r} has no scheme, like nats:// or file://")
-    if scheme == "memory":
-        from relaybox.publishers.memory import MemoryPublisher
-
-        return MemoryPublisher()
-    if scheme == "noop":
-        from relaybox.publishers.memory import NoopPublisher
-
-        return NoopPublisher()
-    if scheme == "file":
-        from relaybox.publishers.file import FilePublisher
-
-        return FilePublisher(rest)
-    raise ConfigurationError(f"no publisher for broker URL scheme {scheme!r}")
+    module_name = SCHEMES.get(scheme)
+    if module_name is None:
+        known = ", ".join(f"{s}://" for s in sorted(SCHEMES))
+        raise ConfigurationError(f"no publisher for broker URL scheme {scheme!r}; known: {known}")
+    module = importlib.import_module(f"relaybox.publishers.{module_name}")
+    parsed = BrokerUrl(url)
+    publisher: Publisher = module.from_url(parsed)
+    parsed.done()
+    return publisher

@@ -17,12 +17,12 @@ import base64
 import json
 import os
 import time
-import urllib.parse
 from collections.abc import Sequence
 
 from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult, transient
 from relaybox.core.records import StoredMessage
 from relaybox.errors import ConfigurationError
+from relaybox.publishers.options import BrokerUrl
 
 
 def line(message: StoredMessage) -> dict[str, object]:
@@ -40,24 +40,35 @@ def line(message: StoredMessage) -> dict[str, object]:
     }  # fmt: skip
 
 
+def from_url(url: BrokerUrl) -> FilePublisher:
+    return FilePublisher(
+        url.parts.netloc + url.path,
+        fsync=url.flag("fsync", False),
+        delay=url.number("delay", 0.0, minimum=0.0),
+        fail_keys=frozenset(filter(None, url.text("fail_keys", "").split(","))),
+        fail_until=url.number("fail_until", 0.0),
+    )
+
+
 class FilePublisher:
     features = PublisherFeatures(deduplicates=False, batching=True)
 
-    def __init__(self, path: str, *, fsync: bool = False) -> None:
-        path, _, query = path.partition("?")
+    def __init__(
+        self,
+        path: str,
+        *,
+        fsync: bool = False,
+        delay: float = 0.0,
+        fail_keys: frozenset[str] = frozenset(),
+        fail_until: float = 0.0,
+    ) -> None:
         if not path:
             raise ConfigurationError("file:// needs a path, like file:///tmp/relaybox.jsonl")
         self.path = path
-        options = dict(urllib.parse.parse_qsl(query))
-        try:
-            self._delay = float(options.pop("delay", 0.0))
-            self._fail_until = float(options.pop("fail_until", 0.0))
-        except ValueError as error:
-            raise ConfigurationError(f"file:// options must be numbers: {error}") from error
-        self._fail_keys = frozenset(filter(None, options.pop("fail_keys", "").split(",")))
-        self._fsync = fsync or options.pop("fsync", "") in {"1", "true"}
-        if options:
-            raise ConfigurationError(f"unknown file:// options: {', '.join(sorted(options))}")
+        self._delay = delay
+        self._fail_keys = fail_keys
+        self._fail_until = fail_until
+        self._fsync = fsync
         self._fd: int | None = None
 
     async def start(self) -> None:

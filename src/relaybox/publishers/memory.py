@@ -14,6 +14,26 @@ from collections.abc import Callable, Sequence
 
 from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult, permanent, transient
 from relaybox.core.records import StoredMessage
+from relaybox.ports import Publisher
+from relaybox.publishers.options import BrokerUrl
+
+#: `memory://NAME` publishers, so a test can reach the one a relay opened by URL.
+_named: dict[str, MemoryPublisher] = {}
+
+
+def from_url(url: BrokerUrl) -> Publisher:
+    """`noop://`; `memory://` (a new one) or `memory://NAME` (one per name, shared)."""
+    if url.scheme == "noop":
+        return NoopPublisher()
+    name = url.parts.netloc
+    if not name:
+        return MemoryPublisher()
+    return _named.setdefault(name, MemoryPublisher())
+
+
+def named(name: str) -> MemoryPublisher:
+    """The publisher that `memory://NAME` opens."""
+    return _named.setdefault(name, MemoryPublisher())
 
 
 class FaultKind(enum.Enum):

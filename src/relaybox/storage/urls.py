@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import urllib.parse
 
+from relaybox.core.urls import mask_password
 from relaybox.errors import ConfigurationError
 
 _SCHEMES: dict[str, tuple[str, str | None]] = {
@@ -76,13 +77,3 @@ class DatabaseUrl:
         """A postgresql:// URL without the +driver suffix, for asyncpg and psycopg."""
         scheme_end = self.url.index("://")
         return "postgresql" + self.url[scheme_end:]
-
-
-def mask_password(url: str) -> str:
-    """Any URL (database or broker) with its password replaced, for logs and reports."""
-    password = urllib.parse.urlsplit(url).password
-    if not password:
-        return url
-    return url.replace(f":{password}@", ":***@", 1).replace(
-        f":{urllib.parse.unquote(password)}@", ":***@", 1
-    )

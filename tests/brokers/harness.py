@@ -1,0 +1,149 @@
+"""What the publisher conformance suite needs from each broker's test harness.
+
+A harness knows one real broker: how to make a topic routable and read back what was
+published to it (`prepare`, `received`), a message that broker refuses for good
+(`rejected`), and how to start a throwaway instance of it that the test may stop and
+start again (`throwaway`), never touching the shared service.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import dataclasses
+import datetime
+import socket
+import time
+import uuid
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from relaybox.core.ids import uuid7
+from relaybox.core.publishing import PublisherFeatures
+from relaybox.core.records import StoredMessage
+from relaybox.ports import Publisher
+from relaybox.publishers import open_publisher
+
+
+@dataclasses.dataclass
+class Received:
+    """One message as a consumer of the broker got it."""
+
+    payload: bytes
+    #: CloudEvents attributes, decoded from the broker's binding (without the prefix).
+    attributes: dict[str, str]
+    #: Every header as delivered, with the binding's prefix (application headers too).
+    headers: dict[str, str]
+    content_type: str | None = None
+    #: The broker's own message key, where it has one (Kafka).
+    key: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self.attributes["id"]
+
+
+class BrokerHarness(abc.ABC):
+    #: The publisher URL for this broker (the shared service, or a throwaway one).
+    url: str
+    #: What the publisher is expected to declare.
+    features: PublisherFeatures
+    #: Messages the broker acknowledged before a restart are still there after it.
+    persistent: bool = True
+
+    def publisher(self, **options: str) -> Publisher:
+        url = self.url
+        if options:
+            url += ("&" if "?" in url else "?") + "&".join(f"{k}={v}" for k, v in options.items())
+        return open_publisher(url)
+
+    @abc.abstractmethod
+    async def prepare(self, topic: str) -> None:
+        """Make `topic` routable and start recording what is published to it."""
+
+    @abc.abstractmethod
+    async def received(self, topic: str) -> list[Received]:
+        """Everything recorded on `topic` so far, in the broker's order."""
+
+    @abc.abstractmethod
+    def rejected(self, topic: str) -> StoredMessage:
+        """A message on `topic` that this broker refuses for good (too large, unroutable)."""
+
+    def throwaway(self) -> AbstractAsyncContextManager[RestartableHarness]:
+        """A harness for a private instance of this broker, started on a free port."""
+        raise NotImplementedError
+
+    async def close(self) -> None:  # noqa: B027 - most harnesses have nothing to close
+        """Delete what `prepare` made and disconnect."""
+
+    async def wait_for(self, topic: str, count: int, timeout: float = 15.0) -> list[Received]:
+        """At least `count` messages of `topic`, then whatever else arrives in 0.3 s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = await self.received(topic)
+            if len(found) >= count:
+                await asyncio.sleep(0.3)
+                return await self.received(topic)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(found)} of {count} messages arrived on {topic!r}")
+            await asyncio.sleep(0.05)
+
+
+class RestartableHarness(BrokerHarness):
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop the broker process (SIGTERM, then SIGKILL), keeping its data directory."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Start it again on the same port; return once it accepts connections."""
+
+
+def unique_topic() -> str:
+    return f"rbtest.{uuid.uuid4().hex[:12]}"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def wait_port(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"nothing listens on port {port} after {timeout}s") from None
+            await asyncio.sleep(0.05)
+        else:
+            writer.close()
+            return
+
+
+_seq = iter(range(1, 1 << 62))
+
+
+def stored(
+    topic: str,
+    key: str | None = "k",
+    payload: bytes = b'{"n": 1}',
+    *,
+    headers: Mapping[str, str] | None = None,
+    **fields: Any,
+) -> StoredMessage:
+    """A claimed row, as the relay would hand it to a publisher."""
+    now = datetime.datetime.now(datetime.UTC)
+    values: dict[str, Any] = {
+        "seq": next(_seq), "id": uuid7(), "target": "default", "external": False,
+        "topic": topic, "key": key, "partition": 3, "type": "order.created",
+        "content_type": "application/json", "payload": payload,
+        "headers": dict(headers or {}), "correlation_id": None, "causation_id": None,
+        "tenant_id": None, "aggregate_id": None, "occurred_at": now, "created_at": now,
+        "attempts": 0,
+    }  # fmt: skip
+    values.update(fields)
+    return StoredMessage(**values)
