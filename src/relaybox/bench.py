@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import click
 
+from relaybox import bench_raw
 from relaybox.core.identifiers import index_prefix, validate_table_name
 from relaybox.core.message import DEFAULT_TARGET, Message
 from relaybox.core.payload import encode_payload
@@ -110,6 +111,7 @@ class BenchOptions:
     payload_bytes: int
     skip_raw: bool
     table: str
+    topic: str = "bench"
 
 
 # -- the publisher side ---------------------------------------------------------------
@@ -534,12 +536,13 @@ class Workload:
 
     def __init__(self, options: BenchOptions) -> None:
         self.keys = options.keys
+        self.topic = options.topic
         template, _ = encode_payload({"n": "0" * 9, "pad": ""}, None)
         self.pad = "x" * max(0, options.payload_bytes - len(template))
         self.routing = Routing.of(None, None, RelaySettings().partitions)
 
     def message(self, n: int) -> Message:
-        return Message(topic="bench", key=f"k{n % self.keys}",
+        return Message(topic=self.topic, key=f"k{n % self.keys}",
                        payload={"n": f"{n:09d}", "pad": self.pad})  # fmt: skip
 
 
@@ -803,11 +806,16 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
             "machine": machine(),
             "settings": _settings(options, url),
         }  # fmt: skip
+        raw_broker = bench_raw.module_for(options.broker)
         try:
+            if raw_broker is not None:
+                await raw_broker.prepare(options.broker, options.topic)
             await migrate(options.db, table=options.table)
             await _measure(options, admin, report)
         finally:
             await admin.drop(options.table)
+            if raw_broker is not None:
+                await raw_broker.cleanup(options.broker, options.topic)
     finally:
         await admin.close()
     return report
@@ -868,6 +876,13 @@ async def _measure(options: BenchOptions, admin: Admin, report: dict[str, Any]) 
     raw = report["raw"]["raw_limit_msg_per_s"] if report["raw"] else None
     drained = report["drain"]["msg_per_s"]
     report["relay_vs_raw"] = round(drained / raw, 3) if raw and drained else None
+    if not options.skip_raw and bench_raw.module_for(options.broker) is not None:
+        progress("raw publish rate of the broker's client library")
+        report["broker_raw"] = await bench_raw.broker_limit(
+            options.broker, options.messages, options.payload_bytes
+        )
+        limit = report["broker_raw"]["msg_per_s"] if report["broker_raw"] else None
+        report["relay_vs_broker_raw"] = round(drained / limit, 3) if limit and drained else None
 
 
 def _default_table() -> str:
@@ -887,7 +902,8 @@ def _default_table() -> str:
 @click.option("--keys", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Distinct message keys, used round-robin.")  # fmt: skip
 @click.option("--payload-bytes", default=100, show_default=True, type=click.IntRange(min=0))
-@click.option("--skip-raw", is_flag=True, help="Skip the raw claim-and-delete limit.")
+@click.option("--skip-raw", is_flag=True,
+              help="Skip the raw limits (claim-and-delete; the broker client alone).")  # fmt: skip
 @click.option("--table", default=None, help="Table to create, then drop [default: a new one].")
 def bench(
     db: str, broker: str, messages: int, batch_size: int, max_in_flight: int, rate: float,
@@ -901,6 +917,7 @@ def bench(
             max_in_flight=max_in_flight, rate=rate, paced_seconds=paced_seconds,
             idle_seconds=idle_seconds, keys=keys, payload_bytes=payload_bytes,
             skip_raw=skip_raw, table=validate_table_name(table or _default_table()),
+            topic=bench_raw.bench_topic(),
         )  # fmt: skip
         report = asyncio.run(run_bench(options))
     except RelayboxError as exc:

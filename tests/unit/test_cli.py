@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -39,8 +41,31 @@ def test_migrate_reports_bad_urls() -> None:
     assert "unsupported database URL scheme" in result.output
 
 
-def test_demo_runs_and_checks_itself() -> None:
-    result = CliRunner().invoke(main, ["demo", "--orders", "60"])
+def test_demo_runs_on_embedded_nats_and_stops_it() -> None:
+    before = _nats_servers()
+    result = CliRunner().invoke(main, ["demo", "--orders", "60", "--rate", "500"])
     assert result.exit_code == 0, result.output
     assert "demo OK" in result.output
-    assert "lost                 0" in result.output
+    summary = json.loads(result.output[result.output.index("{") : result.output.rindex("}") + 1])
+    assert summary["lost"] == summary["ghosts"] == 0
+    assert summary["received"] == summary["events committed"] > 0
+    assert summary["read back from"] == "the broker, by a consumer"
+    assert _nats_servers() == before  # the embedded server is gone
+
+
+def test_demo_can_use_another_broker(tmp_path: Path) -> None:
+    out = tmp_path / "events.jsonl"
+    result = CliRunner().invoke(main, ["demo", "--orders", "30", "--broker", f"file://{out}"])
+    assert result.exit_code == 0, result.output
+    lines = out.read_text().splitlines()
+    summary = json.loads(result.output[result.output.index("{") : result.output.rindex("}") + 1])
+    assert len(lines) == summary["events committed"] == summary["received"]
+
+
+def _nats_servers() -> set[int]:
+    found = set()
+    for status in Path("/proc").glob("[0-9]*/comm"):
+        with contextlib.suppress(OSError):
+            if status.read_text().strip() == "nats-server":
+                found.add(int(status.parent.name))
+    return found

@@ -134,3 +134,13 @@ def test_restyle_reorders_repeated_numbered_parameters() -> None:
     same, identity = restyle_with_order("a = $1, b = $2", "numeric_dollar", "numeric_dollar")
     assert same == "a = $1, b = $2"
     assert identity == (0, 1)
+
+
+def test_one_table_spelt_two_ways_takes_the_same_locks() -> None:
+    from relaybox.core.partitions import claim_lock_key, key_lock_id
+
+    assert key_lock_id("outbox", "k") == key_lock_id("public.outbox", "k")
+    assert key_lock_id("outbox", "k") == key_lock_id("OUTBOX", "k")
+    assert claim_lock_key("outbox") == claim_lock_key("public.Outbox")
+    assert key_lock_id("outbox", "k") != key_lock_id("outbox", "j")
+    assert key_lock_id("outbox", "k") != key_lock_id("events", "k")

@@ -13,6 +13,7 @@ from typing import Any
 
 from relaybox.core.ids import uuid7
 from relaybox.core.payload import DEFAULT_MAX_PAYLOAD_BYTES, check_size, encode_payload
+from relaybox.core.tracing import current_traceparent
 from relaybox.errors import EmptyTopicError, InvalidHeadersError, MessageError
 
 DEFAULT_TARGET = "default"
@@ -112,6 +113,10 @@ class Message:
         # The common case (no headers, ids, targets or delay) skips the helpers: this
         # runs inside the caller's transaction, once per message.
         self.headers = {} if headers is None else _checked_headers(headers)
+        if "traceparent" not in self.headers:
+            traceparent = current_traceparent()
+            if traceparent is not None:
+                self.headers["traceparent"] = traceparent
         self.correlation_id = None if correlation_id is None else _short_str(correlation_id)
         self.causation_id = None if causation_id is None else _short_str(causation_id)
         self.tenant_id = None if tenant_id is None else _short_str(tenant_id)

@@ -30,16 +30,23 @@ def key_lock_slot(key: str) -> int:
     return zlib.crc32(key.encode("utf-8")) % KEY_LOCK_SLOTS
 
 
+def lock_scope(table: str) -> bytes:
+    """What a table's lock ids hash: its unqualified, case-folded name, so `outbox`,
+    `OUTBOX` and `public.outbox` (one table to PostgreSQL) take the same locks. Two
+    schemas' tables of one name then share lock ids: needless waits, never a missed one."""
+    return table.rpartition(".")[2].lower().encode("utf-8")
+
+
 def claim_lock_key(table: str) -> int:
     """A signed 32-bit key for `table`'s claim locks (PostgreSQL's two-int lock space)."""
-    return zlib.crc32(table.encode("utf-8")) - (1 << 31)
+    return zlib.crc32(lock_scope(table)) - (1 << 31)
 
 
 def key_lock_id(table: str, key: str | None) -> int | None:
     """A signed 64-bit advisory-lock id for (table, key); None for keyless messages."""
     if key is None:
         return None
-    high = zlib.crc32(table.encode("utf-8"))
+    high = zlib.crc32(lock_scope(table))
     return ((high << 32) | zlib.crc32(key.encode("utf-8"))) - (1 << 63)
 
 

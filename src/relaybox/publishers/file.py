@@ -1,13 +1,19 @@
-"""JSON-lines sink: one line per confirmed message, appended to a file.
+"""JSON-lines sinks: `file://PATH` appends one line per confirmed message; `stdout://`
+prints them. For the demo, for debugging, and as the relay tests' witness.
+
+Each line is a CloudEvent in structured JSON mode (`data` when the payload is JSON,
+else `data_base64`), plus the members `topic`, `target`, `headers` (the message's own),
+`pid` and `published_ns` (when this process confirmed it), which a checker reads.
 
 A message counts as published once its line reached the kernel (one `os.write` per
 call, on a file opened with O_APPEND, so several relay processes may share one file
-and a process killed afterwards loses nothing). `fsync=True` also survives a crash of
+and a process killed afterwards loses nothing). `?fsync=true` also survives a crash of
 the machine, at the cost of a disk flush per call.
 
 For tests and demos the URL can ask for trouble: `file:///tmp/out.jsonl?delay=0.05`
 waits that long per call (a slow broker); `fail_keys=a,b&fail_until=<unix time>` fails
 messages of those keys transiently until then (a key that fails, then recovers).
+Common option: `source=` (the CloudEvents source).
 """
 
 from __future__ import annotations
@@ -16,33 +22,45 @@ import asyncio
 import base64
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
 
+from relaybox.core import envelope
+from relaybox.core.envelope import DEFAULT_SOURCE
 from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult, transient
 from relaybox.core.records import StoredMessage
 from relaybox.errors import ConfigurationError
 from relaybox.publishers.options import BrokerUrl
 
 
-def line(message: StoredMessage) -> dict[str, object]:
+def line(message: StoredMessage, source: str = DEFAULT_SOURCE) -> dict[str, object]:
+    event: dict[str, object] = dict(envelope.attributes(message, source))
+    event["datacontenttype"] = message.content_type
     try:
-        payload: str = message.payload.decode("utf-8")
-        encoding = "utf-8"
-    except UnicodeDecodeError:
-        payload, encoding = base64.b64encode(message.payload).decode("ascii"), "base64"
-    return {
-        "id": str(message.id), "target": message.target, "topic": message.topic,
-        "key": message.key, "seq": message.seq, "partition": message.partition,
-        "type": message.type, "content_type": message.content_type,
-        "headers": dict(message.headers), "payload": payload, "encoding": encoding,
-        "attempts": message.attempts, "published_ns": time.time_ns(), "pid": os.getpid(),
-    }  # fmt: skip
+        if not is_json(message.content_type):
+            raise ValueError(message.content_type)
+        event["data"] = json.loads(message.payload)
+    except ValueError:  # not JSON, or not what its content type claims
+        event["data_base64"] = base64.b64encode(message.payload).decode("ascii")
+    event.update(
+        topic=message.topic, target=message.target, headers=dict(message.headers),
+        pid=os.getpid(), published_ns=time.time_ns(),
+    )  # fmt: skip
+    return event
+
+
+def is_json(content_type: str) -> bool:
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
 
 
 def from_url(url: BrokerUrl) -> FilePublisher:
+    if url.scheme == "stdout":
+        return FilePublisher("-", source=url.source)
     return FilePublisher(
         url.parts.netloc + url.path,
+        source=url.source,
         fsync=url.flag("fsync", False),
         delay=url.number("delay", 0.0, minimum=0.0),
         fail_keys=frozenset(filter(None, url.text("fail_keys", "").split(","))),
@@ -61,10 +79,12 @@ class FilePublisher:
         delay: float = 0.0,
         fail_keys: frozenset[str] = frozenset(),
         fail_until: float = 0.0,
+        source: str = DEFAULT_SOURCE,
     ) -> None:
         if not path:
             raise ConfigurationError("file:// needs a path, like file:///tmp/relaybox.jsonl")
-        self.path = path
+        self.path = path  # "-": standard output
+        self.source = source
         self._delay = delay
         self._fail_keys = fail_keys
         self._fail_until = fail_until
@@ -72,15 +92,18 @@ class FilePublisher:
         self._fd: int | None = None
 
     async def start(self) -> None:
+        if self.path == "-":
+            self._fd = sys.stdout.fileno()
+            return
         try:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as error:
             raise ConfigurationError(f"cannot open {self.path!r} for appending: {error}") from error
 
     async def close(self) -> None:
-        if self._fd is not None:
+        if self._fd is not None and self.path != "-":
             os.close(self._fd)
-            self._fd = None
+        self._fd = None
 
     async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
         if self._fd is None:
@@ -93,10 +116,14 @@ class FilePublisher:
             for m in messages
         ]
         written = [m for m, r in zip(messages, results, strict=True) if r.acked]
-        data = "".join(json.dumps(line(m), separators=(",", ":")) + "\n" for m in written)
+        data = "".join(_dumps(line(m, self.source)) + "\n" for m in written)
         view = memoryview(data.encode("utf-8"))
         while view:  # a regular file takes it all in one go; be sure anyway
             view = view[os.write(self._fd, view) :]
         if self._fsync:
             os.fsync(self._fd)
         return results
+
+
+def _dumps(event: dict[str, object]) -> str:
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,40 @@
+"""The writer's trace context, carried to the broker as `traceparent` (W3C Trace Context).
+
+When opentelemetry-api is installed (`relaybox[tracing]`) and a span is current where a
+`Message` is created, the message records that span's `traceparent` header; each
+publisher then puts it on the wire, so a trace runs from the writer's request, through
+the outbox, to the consumer. Without OpenTelemetry this costs one cached lookup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+_lookup: Callable[[], str | None] | None = None
+
+
+def current_traceparent() -> str | None:
+    """The current span's `traceparent`, or None (no OpenTelemetry, or no valid span)."""
+    global _lookup
+    if _lookup is None:
+        _lookup = _load()
+    return _lookup()
+
+
+def _no_trace() -> None:
+    return None
+
+
+def _load() -> Callable[[], str | None]:
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return _no_trace
+
+    def lookup() -> str | None:
+        context = trace.get_current_span().get_span_context()
+        if not context.is_valid:
+            return None
+        return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+    return lookup

