@@ -1,0 +1,219 @@
+"""Kafka publisher (aiokafka): every message confirmed with acks=all.
+
+    kafka://HOST:PORT[,HOST:PORT...]?timeout=5&idempotence=auto
+
+Options:
+    source            CloudEvents `source` attribute (default "relaybox").
+    timeout           seconds a publish() call waits for its confirms, and aiokafka's
+                      request timeout (default 5); what is unconfirmed by then is transient.
+    idempotence       auto|true|false (default auto): the idempotent producer, where the
+                      broker grants producer ids (auto asks it once at start; tansu does not).
+    client_id         Kafka client id (default "relaybox").
+    compression       none|gzip|snappy|lz4|zstd (default none).
+    max_request_size  bytes; a larger record fails permanently (default 1048576).
+
+The record key is the message key (so a key stays in one partition), the value is the
+payload, and the CloudEvents Kafka binding in binary mode puts the attributes in
+`ce_<name>` headers and the content type in `content-type`; the message's own headers
+travel beside them. A message too large, for an invalid topic name or refused for
+authorisation fails permanently; connection loss, timeouts and leader moves are transient.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka import errors as kafka_errors
+from aiokafka.protocol.transaction import InitProducerIdRequest
+
+from relaybox.core import envelope
+from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult, permanent, transient
+from relaybox.core.records import StoredMessage
+from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError
+from relaybox.publishers.options import BrokerUrl
+
+PREFIX = "ce_"
+DEFAULT_PORT = 9092
+_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+_IDEMPOTENCE = ("auto", "true", "false")
+
+#: Errors no retry can fix: the record, its topic or our rights are at fault.
+_PERMANENT: tuple[type[BaseException], ...] = (
+    kafka_errors.MessageSizeTooLargeError,
+    kafka_errors.RecordListTooLargeError,
+    kafka_errors.RecordTooLargeError,
+    kafka_errors.InvalidTopicError,
+    kafka_errors.TopicAuthorizationFailedError,
+    kafka_errors.ClusterAuthorizationFailedError,
+    kafka_errors.InvalidTimestampError,
+    kafka_errors.UnsupportedForMessageFormatError,
+    kafka_errors.PolicyViolationError,
+)
+
+
+def from_url(url: BrokerUrl) -> KafkaPublisher:
+    idempotence = url.text("idempotence", "auto").lower()
+    if idempotence not in _IDEMPOTENCE:
+        raise ConfigurationError(
+            f"kafka:// option idempotence={idempotence!r}: use auto|true|false"
+        )
+    return KafkaPublisher(
+        bootstrap_servers(url),
+        source=url.source,
+        timeout=url.number("timeout", 5.0, minimum=0.1),
+        idempotence=idempotence,
+        client_id=url.text("client_id", "relaybox"),
+        compression=url.optional_text("compression"),
+        max_request_size=url.number("max_request_size", 1048576, minimum=1024),
+    )
+
+
+def bootstrap_servers(url: BrokerUrl) -> str:
+    """`host:port,...` from the URL, each host with Kafka's default port if it has none."""
+    hosts = url.parts.netloc.rpartition("@")[2]
+    servers = [h if ":" in h else f"{h}:{DEFAULT_PORT}" for h in hosts.split(",") if h]
+    return ",".join(servers) or f"127.0.0.1:{DEFAULT_PORT}"
+
+
+def valid_topic(topic: str) -> bool:
+    return _TOPIC.fullmatch(topic) is not None and topic not in {".", ".."}
+
+
+def wire_headers(message: StoredMessage, source: str) -> list[tuple[str, bytes]]:
+    found = envelope.headers(message, PREFIX, source)
+    found["content-type"] = message.content_type  # the binding's datacontenttype
+    return [(name, value.encode("utf-8")) for name, value in found.items()]
+
+
+def classify(error: BaseException) -> PublishResult:
+    text = f"{type(error).__name__}: {error}"
+    return permanent(text) if isinstance(error, _PERMANENT) else transient(text)
+
+
+class KafkaPublisher:
+    features = PublisherFeatures(deduplicates=False, batching=True)
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        source: str = envelope.DEFAULT_SOURCE,
+        timeout: float = 5.0,
+        idempotence: str = "auto",
+        client_id: str = "relaybox",
+        compression: str | None = None,
+        max_request_size: int = 1048576,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self._source = source
+        self._timeout = timeout
+        self._idempotence = idempotence
+        self._settings: dict[str, Any] = {
+            "client_id": client_id,
+            "compression_type": compression,
+            "max_request_size": max_request_size,
+        }
+        self._producer: AIOKafkaProducer | None = None
+        #: Whether the running producer is idempotent (known after start()).
+        self.idempotent = False
+
+    def _new_producer(self, idempotent: bool) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap_servers,
+            acks="all",
+            enable_idempotence=idempotent,
+            # A batch that finds no broker within the timeout fails instead of waiting.
+            request_timeout_ms=int(self._timeout * 1000),
+            retry_backoff_ms=100,
+            **self._settings,
+        )
+
+    async def start(self) -> None:
+        if self._idempotence == "true":
+            self._producer, self.idempotent = await self._connect(idempotent=True), True
+            return
+        producer = await self._connect(idempotent=False)
+        if self._idempotence == "auto" and await _grants_producer_ids(producer):
+            await producer.stop()
+            producer, self.idempotent = await self._connect(idempotent=True), True
+        self._producer = producer
+
+    async def _connect(self, *, idempotent: bool) -> AIOKafkaProducer:
+        producer = self._new_producer(idempotent)
+        try:
+            await producer.start()
+        except kafka_errors.BrokerResponseError as error:
+            await producer.stop()
+            hint = "; it grants no producer ids: use idempotence=auto" if idempotent else ""
+            raise BrokerError(
+                f"Kafka at {self.bootstrap_servers} refused the producer: {error}{hint}"
+            ) from error
+        except kafka_errors.KafkaError as error:
+            await producer.stop()
+            raise BrokerUnavailableError(
+                f"cannot connect to Kafka at {self.bootstrap_servers}: {error}"
+            ) from error
+        return producer
+
+    async def close(self) -> None:
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            await producer.stop()  # flushes; unconfirmed batches expire after the timeout
+
+    async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
+        if self._producer is None:
+            raise ConfigurationError("KafkaPublisher.publish called before start()")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        # Every record goes into aiokafka's batches before any confirm is awaited.
+        sent = [await self._send(self._producer, m, deadline) for m in messages]
+        futures = [s for s in sent if isinstance(s, asyncio.Future)]
+        if futures:
+            await asyncio.wait(futures, timeout=max(0.0, deadline - loop.time()))
+        return [s if isinstance(s, PublishResult) else self._outcome(s) for s in sent]
+
+    async def _send(
+        self, producer: AIOKafkaProducer, message: StoredMessage, deadline: float
+    ) -> PublishResult | asyncio.Future[Any]:
+        if not valid_topic(message.topic):
+            return permanent(f"invalid Kafka topic name {message.topic!r}")
+        key = message.key.encode("utf-8") if message.key is not None else None
+        try:
+            # send() waits for the topic's metadata and for room in aiokafka's buffer.
+            async with asyncio.timeout_at(deadline):
+                future: asyncio.Future[Any] = await producer.send(
+                    message.topic, message.payload, key=key,
+                    headers=wire_headers(message, self._source),
+                )  # fmt: skip
+        except TimeoutError:
+            return transient(f"Kafka took no record for {message.topic!r} within {self._timeout}s")
+        except kafka_errors.KafkaError as error:
+            return classify(error)
+        future.add_done_callback(_retrieve)
+        return future
+
+    def _outcome(self, future: asyncio.Future[Any]) -> PublishResult:
+        if not future.done():
+            return transient(f"no confirm from Kafka within {self._timeout}s")
+        error = future.exception()
+        return ACKED if error is None else classify(error)
+
+
+async def _grants_producer_ids(producer: AIOKafkaProducer) -> bool:
+    """Ask the broker for a producer id, as the idempotent producer would at start."""
+    try:
+        node = producer.client.get_random_node()
+        response = await producer.client.send(node, InitProducerIdRequest(None, 60000))
+    except kafka_errors.KafkaError:
+        return False
+    return int(response.error_code) == 0
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    # A confirm that arrives after publish() gave up must not be logged as unretrieved.
+    if not future.cancelled():
+        future.exception()
