@@ -1,0 +1,279 @@
+"""RabbitMQ (AMQP 0-9-1) publisher over aio-pika, with publisher confirms.
+
+    amqp://guest:guest@127.0.0.1:5672/?exchange=orders&timeout=5&source=shop
+    amqps://user:secret@rabbit.example.com/production
+
+Routing: every message goes to the URL's `exchange`, with its topic as the routing key.
+Without `exchange` that is RabbitMQ's default exchange, which routes a topic straight
+to the queue of the same name. A target that needs another exchange gets its own URL.
+
+Options (in the query string; the rest of the URL goes to aio-pika as it is):
+
+- `exchange`: the exchange to publish to (default: the default exchange, ""). It must
+  exist already; `start()` checks that it does.
+- `timeout`: seconds (default 5) for connecting and for a whole `publish()` call; a
+  message not confirmed by then is a transient failure.
+- `source`: the CloudEvents `source` attribute (default "relaybox").
+
+On the wire (CloudEvents AMQP binding, binary mode): the payload is the body; the
+attributes are application headers named `cloudEvents:<name>`; the AMQP properties
+carry content_type, message_id (the id), correlation_id, timestamp (occurred_at) and
+type; the message's own headers travel as application headers beside them. Messages
+are persistent (delivery mode 2) and published `mandatory`.
+
+Outcomes:
+
+- the broker acked -> ACKED.
+- returned because no queue is bound for the routing key -> PERMANENT ("unroutable").
+- a channel error caused by one message (larger than the broker's max_message_size,
+  access refused, exchange gone) -> PERMANENT. Such an error closes the channel and
+  fails every message in flight on it, so those are sent again one at a time on a
+  private channel: only the message that fails alone is blamed.
+- nacked (a full queue with `reject-publish`, a broker fault) -> TRANSIENT.
+- connection refused or lost, no confirm within `timeout` -> TRANSIENT. The next call
+  connects again, so a publisher outlives a broker restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Sequence
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
+from aiormq.exceptions import (
+    AMQPError,
+    ChannelClosed,
+    ChannelInvalidStateError,
+    ChannelNotFoundEntity,
+    DeliveryError,
+    PublishError,
+)
+from pamqp.common import FieldValue
+
+from relaybox.core import envelope
+from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult, permanent, transient
+from relaybox.core.records import StoredMessage
+from relaybox.core.urls import mask_password
+from relaybox.errors import BrokerError, BrokerUnavailableError
+from relaybox.publishers.options import BrokerUrl
+
+#: The CloudEvents AMQP binding's prefix for attributes in application properties.
+PREFIX = "cloudEvents:"
+#: AMQP 0-9-1 routing keys are short strings.
+MAX_ROUTING_KEY_BYTES = 255
+
+#: What a lost connection looks like, from the socket up to aio-pika.
+_CONNECTION_ERRORS = (AMQPError, ConnectionError, OSError, TimeoutError)
+#: ... and when opening a channel: aio-pika says RuntimeError for a connection just closed.
+_OPENING_ERRORS = (*_CONNECTION_ERRORS, RuntimeError)
+
+
+def from_url(url: BrokerUrl) -> AmqpPublisher:
+    return AmqpPublisher(
+        url.base,
+        exchange=url.text("exchange", ""),
+        timeout=url.number("timeout", 5.0, minimum=0.1),
+        source=url.source,
+    )
+
+
+def amqp_message(message: StoredMessage, source: str) -> aio_pika.Message:
+    headers: dict[str, FieldValue] = dict(envelope.headers(message, PREFIX, source))
+    return aio_pika.Message(
+        message.payload,
+        headers=headers,
+        content_type=message.content_type,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        message_id=str(message.id),
+        correlation_id=message.correlation_id,
+        timestamp=message.occurred_at,
+        type=message.type,
+    )
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _alive(connection: AbstractConnection | None) -> bool:
+    # A plain (not robust) connection that the broker closed keeps is_closed False.
+    return connection is not None and not connection.is_closed and connection.connected.is_set()
+
+
+async def _close_quietly(connection: AbstractConnection | None) -> None:
+    if connection is not None:
+        with contextlib.suppress(*_OPENING_ERRORS):
+            await connection.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Lane:
+    """A channel in confirm mode and the exchange object bound to it."""
+
+    channel: AbstractChannel
+    exchange: AbstractExchange
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChannelLost:
+    """The channel closed under a message: maybe its fault, maybe another's."""
+
+    error: str
+
+
+class AmqpPublisher:
+    features = PublisherFeatures(deduplicates=False, batching=True)
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        exchange: str = "",
+        timeout: float = 5.0,
+        source: str = envelope.DEFAULT_SOURCE,
+    ) -> None:
+        self._url = url
+        self._display = mask_password(url)
+        self._exchange = exchange
+        self._timeout = timeout
+        self._source = source
+        self._connection: AbstractConnection | None = None
+        self._lane: _Lane | None = None
+        # One connection and one shared channel, even under concurrent calls.
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._ready()
+                await self._check_exchange()
+        except ChannelNotFoundEntity:
+            await self.close()
+            raise BrokerError(
+                f"exchange {self._exchange!r} does not exist on {self._display}; declare it first"
+            ) from None
+        except _OPENING_ERRORS as error:
+            await self.close()
+            raise BrokerUnavailableError(
+                f"cannot connect to RabbitMQ at {self._display}: {_describe(error)}"
+            ) from error
+
+    async def close(self) -> None:
+        async with self._lock:
+            connection, self._connection, self._lane = self._connection, None, None
+        await _close_quietly(connection)
+
+    async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
+        deadline = asyncio.get_running_loop().time() + self._timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                lane = await self._ready()
+        except _OPENING_ERRORS as error:
+            failure = transient(f"RabbitMQ at {self._display} unavailable: {_describe(error)}")
+            return [failure] * len(messages)
+        sent = await asyncio.gather(*(self._send(lane, m, deadline) for m in messages))
+        lost = [m for m, r in zip(messages, sent, strict=True) if isinstance(r, _ChannelLost)]
+        retried = iter(await self._one_by_one(lost, deadline) if lost else [])
+        return [next(retried) if isinstance(r, _ChannelLost) else r for r in sent]
+
+    async def _ready(self) -> _Lane:
+        async with self._lock:
+            if self._lane is None or self._lane.channel.is_closed:
+                self._lane = await self._open_lane()
+            return self._lane
+
+    async def _open_lane(self) -> _Lane:
+        connection = self._connection
+        if connection is None or not _alive(connection):
+            await _close_quietly(connection)
+            self._connection = None
+            connection = self._connection = await aio_pika.connect(self._url, timeout=self._timeout)
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        if not self._exchange:
+            return _Lane(channel, channel.default_exchange)
+        return _Lane(channel, await channel.get_exchange(self._exchange, ensure=False))
+
+    async def _check_exchange(self) -> None:
+        if self._exchange and self._connection is not None:
+            # A passive declare of a missing exchange closes its channel: use a spare one.
+            async with self._connection.channel() as channel:
+                await channel.get_exchange(self._exchange, ensure=True)
+
+    async def _send(
+        self, lane: _Lane, message: StoredMessage, deadline: float
+    ) -> PublishResult | _ChannelLost:
+        if len(message.topic.encode()) > MAX_ROUTING_KEY_BYTES:
+            return permanent(f"topic {message.topic[:40]!r}... is longer than 255 bytes")
+        try:
+            async with asyncio.timeout_at(deadline):
+                await lane.exchange.publish(
+                    amqp_message(message, self._source), message.topic, mandatory=True
+                )
+        except asyncio.CancelledError as error:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the call itself is cancelled, not just the confirm it waited for
+            return self._lost(error)
+        except Exception as error:  # noqa: BLE001 - _failure re-raises what it does not know
+            return self._failure(message, error)
+        return ACKED
+
+    def _failure(self, message: StoredMessage, error: Exception) -> PublishResult | _ChannelLost:
+        if isinstance(error, PublishError):
+            return permanent(
+                f"unroutable: no queue bound for routing key {message.topic!r} on exchange "
+                f"{self._exchange!r} ({_describe(error)})"
+            )
+        if isinstance(error, DeliveryError):
+            return transient(f"RabbitMQ refused to confirm: {_describe(error)}")
+        if isinstance(error, TimeoutError):
+            return transient(f"no confirm from RabbitMQ within {self._timeout} s")
+        if isinstance(error, ChannelClosed | ChannelInvalidStateError):
+            return self._lost(error)
+        if isinstance(error, _CONNECTION_ERRORS):
+            return transient(f"connection to RabbitMQ lost: {_describe(error)}")
+        raise error
+
+    def _lost(self, error: BaseException) -> PublishResult | _ChannelLost:
+        if not _alive(self._connection):
+            return transient(f"connection to RabbitMQ lost: {_describe(error)}")
+        return _ChannelLost(_describe(error))
+
+    async def _one_by_one(
+        self, messages: Sequence[StoredMessage], deadline: float
+    ) -> list[PublishResult]:
+        """Send each message alone on a private channel; one that closes it is to blame."""
+        results: list[PublishResult] = []
+        lane: _Lane | None = None
+        try:
+            for message in messages:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        if lane is None or lane.channel.is_closed:
+                            lane = await self._private_lane()
+                except _OPENING_ERRORS as error:
+                    results.append(transient(f"cannot reopen a channel: {_describe(error)}"))
+                    continue
+                result = await self._send(lane, message, deadline)
+                if isinstance(result, _ChannelLost):
+                    result = permanent(f"RabbitMQ closed the channel over it: {result.error}")
+                results.append(result)
+        finally:
+            if lane is not None and not lane.channel.is_closed:
+                with contextlib.suppress(*_OPENING_ERRORS):
+                    await lane.channel.close()
+        return results
+
+    async def _private_lane(self) -> _Lane:
+        async with self._lock:
+            try:
+                return await self._open_lane()
+            except _OPENING_ERRORS:
+                # aiormq may still write to a channel the broker closed, which makes the
+                # broker close the whole connection (504 CHANNEL_ERROR): connect again.
+                await _close_quietly(self._connection)
+                self._connection, self._lane = None, None
+                return await self._open_lane()
