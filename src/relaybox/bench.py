@@ -229,6 +229,14 @@ class PostgresAdmin:
         except Exception:  # noqa: BLE001 - no access there: read (and subtract) here
             stats, elsewhere = await asyncpg.connect(url.libpq_dsn()), False
         admin = cls(url, stats, elsewhere=elsewhere)
+        if elsewhere and not await stats.fetchval(
+            "SELECT count(*) FROM pg_database WHERE datname = $1", url.database
+        ):
+            await stats.close()
+            raise RelayboxError(
+                f"database {url.database!r} does not exist; create it first "
+                f"(createdb {url.database}), or point --db at one that does"
+            )
         await admin.reading()  # asyncpg prepares on first use: one transaction more
         await admin.wal_lsn()
         return admin
@@ -881,8 +889,10 @@ async def _measure(options: BenchOptions, admin: Admin, report: dict[str, Any]) 
         report["broker_raw"] = await bench_raw.broker_limit(
             options.broker, options.messages, options.payload_bytes
         )
-        limit = report["broker_raw"]["msg_per_s"] if report["broker_raw"] else None
-        report["relay_vs_broker_raw"] = round(drained / limit, 3) if limit and drained else None
+        for name in ("bare", "with_envelope"):
+            limit = (report["broker_raw"] or {}).get(f"{name}_msg_per_s")
+            ratio = round(drained / limit, 3) if limit and drained else None
+            report[f"relay_vs_broker_raw_{name}"] = ratio
 
 
 def _default_table() -> str:

@@ -9,11 +9,11 @@ options (`?exchange=`, `?timeout=`...) are ignored.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import aio_pika
-from aio_pika.abc import AbstractChannel
+from aio_pika.abc import AbstractChannel, FieldValue
 
 from relaybox.publishers.options import BrokerUrl
 
@@ -35,13 +35,20 @@ async def prepare(url: str, topic: str) -> None:
         await channel.declare_queue(topic, durable=True)
 
 
-async def publish_raw(url: str, topic: str, count: int, payload: bytes) -> None:
+async def publish_raw(
+    url: str, topic: str, count: int, payload: bytes, attributes: Mapping[str, str] | None = None
+) -> None:
     async with _channel(url) as channel:
         slots = asyncio.Semaphore(WINDOW)
+        headers: dict[str, FieldValue] = {
+            f"cloudEvents:{k}": v for k, v in (attributes or {}).items()
+        }
 
         async def one() -> None:
             async with slots:
-                message = aio_pika.Message(payload, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+                message = aio_pika.Message(
+                    payload, headers=headers, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+                )
                 await channel.default_exchange.publish(message, topic, mandatory=True)
 
         await asyncio.gather(*(one() for _ in range(count)))

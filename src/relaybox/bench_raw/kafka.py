@@ -8,7 +8,7 @@ distinct keys do, and raises if the broker refuses any.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 
 from aiokafka import AIOKafkaProducer
@@ -39,13 +39,16 @@ async def prepare(url: str, topic: str) -> None:
             await admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
 
 
-async def publish_raw(url: str, topic: str, count: int, payload: bytes) -> None:
+async def publish_raw(
+    url: str, topic: str, count: int, payload: bytes, attributes: Mapping[str, str] | None = None
+) -> None:
+    headers = [(f"ce_{k}", v.encode()) for k, v in (attributes or {}).items()]
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers(BrokerUrl(url)), acks="all")
     await producer.start()
     try:
         for start in range(0, count, WINDOW):
             window = [
-                await producer.send(topic, payload, key=b"k%d" % n)
+                await producer.send(topic, payload, key=b"k%d" % n, headers=headers)
                 for n in range(start, min(start + WINDOW, count))
             ]
             await asyncio.gather(*window)  # raises the error of a refused message

@@ -8,7 +8,7 @@ raises if any is refused.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import nats
@@ -39,12 +39,23 @@ async def prepare(url: str, topic: str) -> None:
         await js.add_stream(name=stream_name(topic), subjects=[topic])
 
 
-async def publish_raw(url: str, topic: str, count: int, payload: bytes) -> None:
+async def publish_raw(
+    url: str, topic: str, count: int, payload: bytes, attributes: Mapping[str, str] | None = None
+) -> None:
     async with _jetstream(url) as js:
         # publish_async waits for a free slot once WINDOW acks are outstanding.
-        futures = [await js.publish_async(topic, payload) for _ in range(count)]
+        headers = None if attributes is None else {f"ce-{k}": v for k, v in attributes.items()}
+        futures = [
+            await js.publish_async(topic, payload, headers=_with_id(headers, n))
+            for n in range(count)
+        ]
         for future in futures:
             await future  # raises the JetStream error of a refused message
+
+
+def _with_id(headers: dict[str, str] | None, n: int) -> dict[str, str] | None:
+    """The relay's publisher sends a unique Nats-Msg-Id too: the stream checks each."""
+    return None if headers is None else {**headers, "Nats-Msg-Id": str(n)}
 
 
 async def cleanup(url: str, topic: str) -> None:

@@ -6,10 +6,11 @@ XADD creates it, so `prepare` only makes sure it starts empty and `cleanup` dele
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
 from relaybox.publishers.options import BrokerUrl
 
@@ -35,13 +36,17 @@ async def prepare(url: str, topic: str) -> None:
         await client.delete(_stream_key(url, topic))
 
 
-async def publish_raw(url: str, topic: str, count: int, payload: bytes) -> None:
+async def publish_raw(
+    url: str, topic: str, count: int, payload: bytes, attributes: Mapping[str, str] | None = None
+) -> None:
     key = _stream_key(url, topic)
+    fields: dict[FieldT, EncodableT] = {"data": payload}
+    fields.update(attributes or {})
     async with _client(url) as client:
         for start in range(0, count, WINDOW):
             async with client.pipeline(transaction=False) as pipeline:
                 for _ in range(start, min(start + WINDOW, count)):
-                    pipeline.xadd(key, {"data": payload})
+                    pipeline.xadd(key, fields)
                 await pipeline.execute()  # raises the first refused XADD's error
 
 
