@@ -1,0 +1,380 @@
+"""The MQTT publisher against Mosquitto: the shared service, and private ones to restart.
+
+The harness subscribes with QoS 1 and records each message in aiomqtt's incoming queue
+hook, before paho sends its PUBACK, so nothing the broker handed over can be lost. On a
+throwaway broker (persistence on) the subscriber keeps a persistent session and
+reconnects after a restart, so what was queued for it while it was away still comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import shutil
+import signal
+import subprocess
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiomqtt
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from relaybox.bench_raw import mqtt as bench_raw
+from relaybox.core.publishing import Outcome, PublisherFeatures
+from relaybox.core.records import StoredMessage
+from relaybox.errors import BrokerUnavailableError, ConfigurationError
+from relaybox.publishers import mqtt, open_publisher
+from tests.brokers.conformance import PublisherConformance, outcomes, started
+from tests.brokers.harness import (
+    Received,
+    RestartableHarness,
+    free_port,
+    stored,
+    unique_topic,
+    wait_port,
+)
+
+SHARED_URL = "mqtt://127.0.0.1:1883"
+
+#: The CloudEvents attributes relaybox may put on the wire; every other user property
+#: is an application header (the MQTT binding gives attributes no prefix).
+ATTRIBUTE_NAMES = frozenset({
+    "specversion", "id", "source", "type", "time", "subject", "partitionkey",
+    "correlationid", "causationid", "tenantid", "aggregateid", "traceparent",
+    "sequence", "partition", "attempts",
+})  # fmt: skip
+
+
+def _received(message: aiomqtt.Message) -> Received:
+    properties = message.properties
+    pairs = getattr(properties, "UserProperty", [])
+    headers = {str(name): str(value) for name, value in pairs}
+    payload = message.payload
+    assert isinstance(payload, bytes | bytearray)
+    return Received(
+        payload=bytes(payload),
+        attributes={k: v for k, v in headers.items() if k in ATTRIBUTE_NAMES},
+        headers=headers,
+        content_type=getattr(properties, "ContentType", None),
+    )
+
+
+class MqttHarness(RestartableHarness):
+    features = PublisherFeatures(deduplicates=False, batching=True)
+
+    def __init__(self, url: str, *, persistent_session: bool = False) -> None:
+        self.url = url
+        self.persistent = persistent_session
+        self._port = int(url.rsplit(":", 1)[1])
+        self._persistent_session = persistent_session
+        self._client_id = f"rbtest-sub-{uuid.uuid4().hex[:12]}"
+        self._records: dict[str, list[Received]] = {}
+        self._client: aiomqtt.Client | None = None
+        self._online = asyncio.Event()
+        self._subscriber: asyncio.Task[None] | None = None
+
+    async def prepare(self, topic: str) -> None:
+        self._records.setdefault(topic, [])
+        if self._subscriber is None:
+            self._subscriber = asyncio.create_task(self._subscribe_forever())
+        await asyncio.wait_for(self._online.wait(), 30)
+        assert self._client is not None
+        await self._client.subscribe(topic, qos=1)
+
+    async def received(self, topic: str) -> list[Received]:
+        return list(self._records.get(topic, []))
+
+    def rejected(self, topic: str) -> StoredMessage:
+        return stored(f"{topic}/#", key="poison")
+
+    async def close(self) -> None:
+        if self._subscriber is not None:
+            self._subscriber.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._subscriber
+            self._subscriber = None
+
+    async def _subscribe_forever(self) -> None:
+        """Stay subscribed, reconnecting (to the same session) whenever the broker goes."""
+        while True:
+            client = self._new_client()
+            try:
+                async with client:
+                    for topic in self._records:
+                        await client.subscribe(topic, qos=1)
+                    self._client = client
+                    self._online.set()
+                    async for _ in client.messages:  # the queue hook records them
+                        pass
+            except aiomqtt.MqttError:
+                pass
+            finally:
+                self._online.clear()
+                self._client = None
+            await asyncio.sleep(0.1)
+
+    def _new_client(self) -> aiomqtt.Client:
+        properties = Properties(PacketTypes.CONNECT)
+        # Session Expiry 0 ends the session with the connection: no state stays behind.
+        properties.SessionExpiryInterval = 3600 if self._persistent_session else 0
+        records = self._records
+
+        class Recorder(asyncio.Queue[aiomqtt.Message]):
+            def put_nowait(self, item: aiomqtt.Message) -> None:
+                records.setdefault(str(item.topic), []).append(_received(item))
+
+        return aiomqtt.Client(
+            "127.0.0.1",
+            self._port,
+            identifier=self._client_id,
+            protocol=aiomqtt.ProtocolVersion.V5,
+            # Never a clean start, not even the first time (the id is new anyway):
+            # mosquitto 2.0.11 drops a session begun with clean start when it restarts.
+            clean_start=not self._persistent_session,
+            properties=properties,
+            queue_type=Recorder,
+            timeout=5,
+        )
+
+    @contextlib.asynccontextmanager
+    async def throwaway(self) -> AsyncIterator[RestartableHarness]:
+        broker = PrivateMosquitto()
+        try:
+            await broker.start()
+            harness = ThrowawayMqttHarness(broker)
+            try:
+                yield harness
+            finally:
+                await harness.close()
+        finally:
+            await broker.stop()
+            shutil.rmtree(broker.directory, ignore_errors=True)
+
+    async def stop(self) -> None:
+        raise NotImplementedError("the shared broker is never stopped")
+
+    async def start(self) -> None:
+        raise NotImplementedError("the shared broker is never stopped")
+
+
+class PrivateMosquitto:
+    """A mosquitto child process on a free port, persisting to a temp directory."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.directory = Path(tempfile.mkdtemp(prefix="rbtest-mosquitto-"))
+        self.config = self.directory / "mosquitto.conf"
+        self.config.write_text(
+            f"listener {self.port} 127.0.0.1\n"
+            "allow_anonymous true\n"
+            "persistence true\n"
+            f"persistence_location {self.directory}/\n"
+            # Run as root, mosquitto would switch to a user who cannot write here.
+            f"user {getpass.getuser()}\n"
+        )
+        self._process: subprocess.Popen[bytes] | None = None
+
+    async def start(self) -> None:
+        log = (self.directory / "mosquitto.log").open("ab")
+        self._process = subprocess.Popen(
+            ["mosquitto", "-c", str(self.config)], stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+        await wait_port(self.port)
+
+    async def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        process.send_signal(signal.SIGTERM)  # mosquitto saves its database on SIGTERM
+        try:
+            await asyncio.to_thread(process.wait, 5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            await asyncio.to_thread(process.wait)
+
+
+class ThrowawayMqttHarness(MqttHarness):
+    def __init__(self, broker: PrivateMosquitto) -> None:
+        super().__init__(f"mqtt://127.0.0.1:{broker.port}", persistent_session=True)
+        self._broker = broker
+
+    async def stop(self) -> None:
+        await self._broker.stop()
+
+    async def start(self) -> None:
+        await self._broker.start()
+
+
+@contextlib.asynccontextmanager
+async def shared_harness() -> AsyncIterator[MqttHarness]:
+    harness = MqttHarness(SHARED_URL)
+    try:
+        yield harness
+    finally:
+        await harness.close()
+
+
+class TestMqttPublisher(PublisherConformance):
+    def open_harness(self) -> contextlib.AbstractAsyncContextManager[MqttHarness]:
+        return shared_harness()
+
+
+# Broker-specific behaviour.
+
+
+async def test_start_fails_clearly_when_nothing_listens() -> None:
+    publisher = open_publisher(f"mqtt://127.0.0.1:{free_port()}?timeout=2")
+    with pytest.raises(BrokerUnavailableError, match="cannot connect to the MQTT broker"):
+        await publisher.start()
+    await publisher.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [("qos=0", "qos=0 must be 1 or 2"), ("qos=x", "must be a number"), ("inflight=0", "at least")],
+)
+def test_rejects_bad_options(options: str, error: str) -> None:
+    with pytest.raises(ConfigurationError, match=error):
+        open_publisher(f"{SHARED_URL}?{options}")
+
+
+def test_reads_its_options() -> None:
+    publisher = open_publisher("mqtts://u:p@broker.example?qos=2&prefix=shop/&timeout=3&inflight=7")
+    assert isinstance(publisher, mqtt.MqttPublisher)
+    assert publisher._qos == 2
+    assert publisher._prefix == "shop/"
+    assert publisher._timeout == 3.0
+    assert publisher._connect_args["port"] == 8883
+    assert publisher._connect_args["tls_context"] is not None
+    assert publisher._connect_args["username"] == "u"
+    assert "p@" not in publisher._display
+
+
+@pytest.mark.parametrize(
+    ("code", "outcome"),
+    [
+        (0x00, Outcome.ACKED),
+        (0x10, Outcome.ACKED),  # no matching subscribers
+        (0x97, Outcome.TRANSIENT),
+        (0x80, Outcome.TRANSIENT),
+        (0x83, Outcome.PERMANENT),
+        (0x87, Outcome.PERMANENT),
+        (0x90, Outcome.PERMANENT),
+        (0x99, Outcome.PERMANENT),
+        (0x95, Outcome.PERMANENT),  # mosquitto: over message_size_limit
+    ],
+)
+def test_classifies_reason_codes(code: int, outcome: Outcome) -> None:
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    assert mqtt._result(ReasonCode(PacketTypes.PUBACK, identifier=code)).outcome is outcome
+
+
+@pytest.mark.parametrize(
+    "pairs",
+    [
+        [("id", "1"), ("tenantid", "café"), ("x-app", "")],
+        [(f"header-{n}", "v" * 100) for n in range(200)],  # a three-byte length
+    ],
+)
+def test_packs_properties_as_paho_does(pairs: list[tuple[str, str]]) -> None:
+    expected = Properties(PacketTypes.PUBLISH)
+    expected.ContentType = "application/json"
+    expected.UserProperty = pairs
+    assert mqtt.PublishProperties("application/json", pairs).pack() == expected.pack()
+
+
+async def test_an_oversized_header_fails_alone_and_permanently() -> None:
+    async with shared_harness() as harness:
+        topic = unique_topic()
+        await harness.prepare(topic)
+        batch = [stored(topic, headers={"x-big": "v" * 70000}), stored(topic)]
+        async with started(harness.publisher()) as publisher:
+            results = await publisher.publish(batch)
+        assert outcomes(results) == [Outcome.PERMANENT, Outcome.ACKED]
+        assert "65535" in (results[0].error or "")
+
+
+async def test_prefix_qos2_and_client_side_refusals() -> None:
+    async with shared_harness() as harness:
+        topic = unique_topic()
+        await harness.prepare(f"shop/{topic}")
+        good = stored(topic)
+        batch = [good, stored(f"{topic}/+"), stored(f"{topic}/#")]
+        async with started(harness.publisher(qos="2", prefix="shop/")) as publisher:
+            results = await publisher.publish(batch)
+        assert outcomes(results) == [Outcome.ACKED, Outcome.PERMANENT, Outcome.PERMANENT]
+        async with started(harness.publisher()) as publisher:
+            assert outcomes(await publisher.publish([stored("")])) == [Outcome.PERMANENT]
+        (got,) = await harness.wait_for(f"shop/{topic}", 1)
+        assert got.id == str(good.id)
+
+
+@pytest.mark.parametrize("qos", ["1", "2"])
+async def test_what_a_strict_broker_refuses_fails_alone_and_permanently(qos: str) -> None:
+    """Denied by the ACL: PUBACK 0x87. Over `message_size_limit`: PUBACK 0x95. Over
+    `max_packet_size`: never sent (the broker would drop the connection)."""
+    broker = PrivateMosquitto()
+    acl = broker.directory / "acl"
+    acl.write_text("topic readwrite allowed/#\n")
+    limits = f"acl_file {acl}\nmessage_size_limit 1000\nmax_packet_size 5000\n"
+    broker.config.write_text(broker.config.read_text() + limits)
+    batch = [
+        stored("allowed/x"),
+        stored("denied/x"),
+        stored("allowed/x", payload=b"x" * 2000),
+        stored("allowed/x", payload=b"x" * 6000),
+        stored("allowed/x"),
+    ]
+    try:
+        await broker.start()
+        publisher = open_publisher(f"mqtt://127.0.0.1:{broker.port}?qos={qos}")
+        async with started(publisher):
+            results = await publisher.publish(batch)
+            again = await publisher.publish([stored("allowed/x")])
+        P = Outcome.PERMANENT
+        assert outcomes(results) == [Outcome.ACKED, P, P, P, Outcome.ACKED]
+        assert "0x87" in (results[1].error or "")
+        assert "Packet too large (0x95)" in (results[2].error or "")
+        assert "maximum packet size of 5000" in (results[3].error or "")
+        assert outcomes(again) == [Outcome.ACKED]
+    finally:
+        await broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
+
+
+async def test_a_throwaway_broker_keeps_queued_messages_over_a_restart() -> None:
+    """What `persistent = True` promises: acked while the subscriber was away, then a
+    restart, and the subscriber's session still gets every message."""
+    async with MqttHarness(SHARED_URL).throwaway() as broker:
+        topic = unique_topic()
+        await broker.prepare(topic)
+        await broker.close()  # the subscriber leaves; its session stays
+        batch = [stored(topic, key=f"k{n}") for n in range(10)]
+        async with started(broker.publisher()) as publisher:
+            assert outcomes(await publisher.publish(batch)) == [Outcome.ACKED] * 10
+        await broker.stop()
+        await broker.start()
+        await broker.prepare(topic)
+        received = await broker.wait_for(topic, 10)
+    assert [r.id for r in received] == [str(m.id) for m in batch]
+
+
+async def test_bench_raw_publishes_confirmed_messages() -> None:
+    topic = unique_topic()
+    async with shared_harness() as harness:
+        await harness.prepare(topic)
+        await bench_raw.prepare(SHARED_URL, topic)
+        try:
+            await bench_raw.publish_raw(SHARED_URL + "?qos=1", topic, 200, b"x" * 200)
+        finally:
+            await bench_raw.cleanup(SHARED_URL, topic)
+        received = await harness.wait_for(topic, 200)
+    assert len(received) == 200
+    assert {r.payload for r in received} == {b"x" * 200}
