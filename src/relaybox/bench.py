@@ -40,13 +40,13 @@ from relaybox import bench_raw
 from relaybox.core.identifiers import index_prefix, validate_table_name
 from relaybox.core.message import DEFAULT_TARGET, Message
 from relaybox.core.payload import encode_payload
-from relaybox.core.publishing import PublishResult
-from relaybox.core.records import Routing, StoredMessage
+from relaybox.core.records import Routing
 from relaybox.core.urls import mask_password
 from relaybox.errors import RelayboxError
 from relaybox.migrations import migrate
 from relaybox.ports import Publisher
 from relaybox.publishers import open_publisher
+from relaybox.publishers.recording import ConfirmRecorder
 from relaybox.relay.engine import Relay
 from relaybox.relay.settings import RelaySettings
 from relaybox.storage import open_storage
@@ -112,36 +112,6 @@ class BenchOptions:
     skip_raw: bool
     table: str
     topic: str = "bench"
-
-
-# -- the publisher side ---------------------------------------------------------------
-
-
-class ConfirmRecorder:
-    """Wraps the bench's publisher: counts confirmed messages and, while `confirmed_at`
-    is a dict, notes when each message's confirm came back (by message id)."""
-
-    def __init__(self, inner: Publisher) -> None:
-        self.inner = inner
-        self.features = inner.features
-        self.confirmed = 0
-        self.confirmed_at: dict[uuid.UUID, float] | None = None
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def publish(self, messages: Sequence[StoredMessage]) -> Sequence[PublishResult]:
-        results = await self.inner.publish(messages)
-        now = time.perf_counter()
-        acked = [m for m, r in zip(messages, results, strict=True) if r.acked]
-        self.confirmed += len(acked)
-        if self.confirmed_at is not None:
-            for message in acked:
-                self.confirmed_at[message.id] = now
-        return results
 
 
 # -- the database side ----------------------------------------------------------------
@@ -720,7 +690,7 @@ async def paced(
     count = max(1, round(options.rate * options.paced_seconds))
     messages = [workload.message(options.messages + n) for n in range(count)]
     confirmed: dict[uuid.UUID, float] = {}
-    recorder.confirmed_at = confirmed
+    recorder.on_confirmed = lambda acked, now: confirmed.update((m.id, now) for m in acked)
     connections = 1 if isinstance(admin, SQLiteAdmin) else PACED_WRITERS
     writers = [await admin.writer() for _ in range(connections)]
     cpu = CpuMark.now()
@@ -731,7 +701,7 @@ async def paced(
         for writer in writers:
             await writer.close()
     await _until(lambda: len(confirmed), count, "paced")
-    recorder.confirmed_at = None
+    recorder.on_confirmed = None
     latencies = [confirmed[m.id] - sender.committed[m.id] for m in messages]
     return {
         "messages": count, "writer_connections": connections, "target_rate": options.rate,

@@ -31,11 +31,10 @@ from typing import Any
 import click
 
 from relaybox.core.message import Message
-from relaybox.core.publishing import PublisherFeatures, PublishResult
 from relaybox.core.records import StoredMessage
 from relaybox.migrations import migrate
-from relaybox.ports import Publisher
 from relaybox.publishers import open_publisher
+from relaybox.publishers.recording import ConfirmRecorder
 from relaybox.relay import Relay, RelaySettings
 from relaybox.writer.outbox import Outbox
 
@@ -53,8 +52,12 @@ class Ledger:
     rolled_back: set[str] = field(default_factory=set)  # event ids
     events: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # id -> key, order, step
     received: list[tuple[str, float]] = field(default_factory=list)  # event id, arrival time
-    confirmed: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def confirmed(self, messages: Sequence[StoredMessage], at: float) -> None:
+        """With no consumer to read the broker back, its confirm is the far end."""
+        with self.lock:
+            self.received.extend((str(m.id), at) for m in messages)
 
 
 def write_orders(db: Path, outbox: Outbox, ledger: Ledger, orders: int, rate: float) -> None:
@@ -89,30 +92,6 @@ def write_orders(db: Path, outbox: Outbox, ledger: Ledger, orders: int, rate: fl
             time.sleep(max(0.0, started + (n + 1) / rate - time.monotonic()))
     finally:
         conn.close()
-
-
-class CountingPublisher:
-    """Counts the broker's confirms on the way through (the relay's notion of published)."""
-
-    def __init__(self, inner: Publisher, ledger: Ledger, record: bool) -> None:
-        self.inner, self.ledger, self.record = inner, ledger, record
-        self.features: PublisherFeatures = inner.features
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def publish(self, messages: Sequence[StoredMessage]) -> Sequence[PublishResult]:
-        results = await self.inner.publish(messages)
-        now = time.perf_counter()
-        acked = [m for m, r in zip(messages, results, strict=True) if r.acked]
-        with self.ledger.lock:
-            self.ledger.confirmed += len(acked)
-            if self.record:  # no consumer: the confirm is the far end
-                self.ledger.received.extend((str(m.id), now) for m in acked)
-        return results
 
 
 @contextlib.asynccontextmanager
@@ -155,7 +134,7 @@ async def run(orders: int, rate: float, broker: str | None, db: Path) -> dict[st
     ledger, outbox = Ledger(), Outbox(table=TABLE)
     async with broker_for(broker) as url:
         readable = url.startswith(("nats://", "tls://"))
-        publisher = CountingPublisher(open_publisher(url), ledger, record=not readable)
+        publisher = ConfirmRecorder(open_publisher(url), None if readable else ledger.confirmed)
         reader = nats_reader(url, ledger) if readable else contextlib.nullcontext()
         settings = RelaySettings(idle_interval=0.2, min_poll_interval=0.005, listen=False)
         async with reader, Relay(f"sqlite:///{db}", {"default": publisher},
@@ -164,17 +143,20 @@ async def run(orders: int, rate: float, broker: str | None, db: Path) -> dict[st
             writing = asyncio.create_task(
                 asyncio.to_thread(write_orders, db, outbox, ledger, orders, rate)
             )
-            await _show_progress(ledger, writing, orders)
-    return summarise(ledger, url if broker else "embedded NATS JetStream", readable)
+            await _show_progress(ledger, publisher, writing, orders)
+    broker_name = url if broker else "embedded NATS JetStream"
+    return summarise(ledger, publisher.confirmed, broker_name, readable)
 
 
-async def _show_progress(ledger: Ledger, writing: asyncio.Task[None], orders: int) -> None:
+async def _show_progress(
+    ledger: Ledger, recorder: ConfirmRecorder, writing: asyncio.Task[None], orders: int
+) -> None:
     deadline: float | None = None
     while True:
         done = writing.done()
         with ledger.lock:
             written, received = len(ledger.committed), len(ledger.received)
-            confirmed, started = ledger.confirmed, len(ledger.events) // 2
+            confirmed, started = recorder.confirmed, len(ledger.events) // 2
         click.echo(
             f"  orders {started:>5}/{orders}   events committed {written:>5}"
             f"   published {confirmed:>5}   received {received:>5}"
@@ -187,7 +169,7 @@ async def _show_progress(ledger: Ledger, writing: asyncio.Task[None], orders: in
         await asyncio.sleep(0.5)
 
 
-def summarise(ledger: Ledger, broker: str, read_back: bool) -> dict[str, Any]:
+def summarise(ledger: Ledger, confirmed: int, broker: str, read_back: bool) -> dict[str, Any]:
     first: dict[str, float] = {}
     for event_id, at in ledger.received:
         first.setdefault(event_id, at)
@@ -203,7 +185,7 @@ def summarise(ledger: Ledger, broker: str, read_back: bool) -> dict[str, Any]:
         "read back from": "the broker, by a consumer" if read_back else "broker confirms",
         "events committed": len(ledger.committed),
         "events rolled back": len(ledger.rolled_back),
-        "published (confirmed)": ledger.confirmed,
+        "published (confirmed)": confirmed,
         "received": len(first),
         "duplicates": len(ledger.received) - len(first),
         "lost": len(ledger.committed.keys() - first.keys()),

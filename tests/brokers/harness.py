@@ -13,11 +13,12 @@ import asyncio
 import dataclasses
 import datetime
 import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, Self
 
 from relaybox.core.ids import uuid7
 from relaybox.core.publishing import PublisherFeatures
@@ -77,6 +78,12 @@ class BrokerHarness(abc.ABC):
     async def close(self) -> None:  # noqa: B027 - most harnesses have nothing to close
         """Delete what `prepare` made and disconnect."""
 
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
     async def wait_for(self, topic: str, count: int, timeout: float = 15.0) -> list[Received]:
         """At least `count` messages of `topic`, then whatever else arrives in 0.3 s."""
         deadline = time.monotonic() + timeout
@@ -98,6 +105,16 @@ class RestartableHarness(BrokerHarness):
     @abc.abstractmethod
     async def start(self) -> None:
         """Start it again on the same port; return once it accepts connections."""
+
+
+def end_process(process: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """SIGTERM (a broker saves its data then), SIGKILL after `grace` s; wait for the exit."""
+    process.terminate()
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def unique_topic() -> str:

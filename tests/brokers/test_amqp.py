@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import uuid
@@ -36,6 +35,7 @@ from tests.brokers.conformance import PublisherConformance, first_copies, outcom
 from tests.brokers.harness import (
     Received,
     RestartableHarness,
+    end_process,
     free_port,
     stored,
     unique_topic,
@@ -53,10 +53,11 @@ def _text(value: object) -> str:
 
 def _decode(message: AbstractIncomingMessage) -> Received:
     headers = {name: _text(value) for name, value in message.headers.items()}
+    attributes, others = envelope.split(headers, amqp.PREFIX)
     return Received(
         payload=message.body,
-        attributes=envelope.read_attributes(headers, amqp.PREFIX),
-        headers={k: v for k, v in headers.items() if not k.startswith(amqp.PREFIX)},
+        attributes=attributes,
+        headers=others,
         content_type=message.content_type,
     )
 
@@ -130,12 +131,7 @@ class RabbitNode:
         process, self.process = self.process, None
         if process is None:
             return
-        process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.to_thread(process.wait, 10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            await asyncio.to_thread(process.wait, 15)
+        await asyncio.to_thread(end_process, process, 10.0)
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -224,18 +220,9 @@ class RabbitHarness(RestartableHarness):
         await self._disconnect()
 
 
-@contextlib.asynccontextmanager
-async def shared_harness() -> AsyncIterator[RabbitHarness]:
-    harness = RabbitHarness()
-    try:
-        yield harness
-    finally:
-        await harness.close()
-
-
 class TestAmqpPublisher(PublisherConformance):
     def open_harness(self) -> contextlib.AbstractAsyncContextManager[RabbitHarness]:
-        return shared_harness()
+        return RabbitHarness()
 
 
 # Broker-specific behaviour.
@@ -243,7 +230,7 @@ class TestAmqpPublisher(PublisherConformance):
 
 @pytest.fixture
 async def shared() -> AsyncIterator[RabbitHarness]:
-    async with shared_harness() as harness:
+    async with RabbitHarness() as harness:
         yield harness
 
 

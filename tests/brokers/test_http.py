@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from relaybox.core import envelope
 from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
@@ -129,11 +130,8 @@ def received_from(request: Request) -> list[Received]:
     """What a receiver makes of a request: one message (binary mode) or a batch's."""
     if request.headers.get("content-type") == http.BATCH_CONTENT_TYPE:
         return [_from_structured(event, request) for event in json.loads(request.body)]
-    attributes = {
-        name[3:]: urllib.parse.unquote(value)
-        for name, value in request.headers.items()
-        if name.startswith("ce-")
-    }
+    attributes, _ = envelope.split(request.headers, http.PREFIX)
+    attributes = {name: urllib.parse.unquote(value) for name, value in attributes.items()}
     return [
         Received(request.body, attributes, request.headers, request.headers.get("content-type"))
     ]

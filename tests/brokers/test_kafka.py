@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -24,6 +23,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from relaybox.core import envelope
 from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
@@ -32,6 +32,7 @@ from tests.brokers.conformance import PublisherConformance, outcomes, started
 from tests.brokers.harness import (
     Received,
     RestartableHarness,
+    end_process,
     free_port,
     stored,
     unique_topic,
@@ -63,12 +64,7 @@ class TansuProcess:
         if self.process is None:
             return
         process, self.process = self.process, None
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        end_process(process)
 
 
 def _wait_port_sync(port: int, timeout: float = 30.0) -> None:
@@ -186,8 +182,7 @@ class KafkaHarness(RestartableHarness):
 
 def _received(value: bytes, key: bytes | None, headers: object) -> Received:
     decoded = {name: raw.decode("utf-8") for name, raw in headers}  # type: ignore[attr-defined]
-    attributes = {n[len(kafka.PREFIX) :]: v for n, v in decoded.items() if n.startswith("ce_")}
-    others = {n: v for n, v in decoded.items() if not n.startswith("ce_")}
+    attributes, others = envelope.split(decoded, kafka.PREFIX)
     return Received(
         payload=value,
         attributes=attributes,
@@ -202,16 +197,8 @@ class TestKafkaPublisher(PublisherConformance):
     def _shared_broker(self, tansu: TansuProcess) -> None:
         self.broker = tansu
 
-    @contextlib.asynccontextmanager
-    async def _harness(self) -> AsyncIterator[KafkaHarness]:
-        harness = KafkaHarness(self.broker)
-        try:
-            yield harness
-        finally:
-            await harness.close()
-
     def open_harness(self) -> contextlib.AbstractAsyncContextManager[KafkaHarness]:
-        return self._harness()
+        return KafkaHarness(self.broker)
 
 
 # Kafka-specific behaviour, on the shared tansu.
@@ -219,11 +206,8 @@ class TestKafkaPublisher(PublisherConformance):
 
 @pytest.fixture
 async def shared(tansu: TansuProcess) -> AsyncIterator[KafkaHarness]:
-    harness = KafkaHarness(tansu)
-    try:
+    async with KafkaHarness(tansu) as harness:
         yield harness
-    finally:
-        await harness.close()
 
 
 async def test_a_record_over_max_request_size_fails_permanently(shared: KafkaHarness) -> None:

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import getpass
 import shutil
-import signal
 import subprocess
 import tempfile
 import uuid
@@ -33,6 +32,7 @@ from tests.brokers.conformance import PublisherConformance, outcomes, started
 from tests.brokers.harness import (
     Received,
     RestartableHarness,
+    end_process,
     free_port,
     stored,
     unique_topic,
@@ -191,12 +191,7 @@ class PrivateMosquitto:
         process, self._process = self._process, None
         if process is None:
             return
-        process.send_signal(signal.SIGTERM)  # mosquitto saves its database on SIGTERM
-        try:
-            await asyncio.to_thread(process.wait, 5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            await asyncio.to_thread(process.wait)
+        await asyncio.to_thread(end_process, process)  # mosquitto saves its database
 
 
 class ThrowawayMqttHarness(MqttHarness):
@@ -211,18 +206,9 @@ class ThrowawayMqttHarness(MqttHarness):
         await self._broker.start()
 
 
-@contextlib.asynccontextmanager
-async def shared_harness() -> AsyncIterator[MqttHarness]:
-    harness = MqttHarness(SHARED_URL)
-    try:
-        yield harness
-    finally:
-        await harness.close()
-
-
 class TestMqttPublisher(PublisherConformance):
     def open_harness(self) -> contextlib.AbstractAsyncContextManager[MqttHarness]:
-        return shared_harness()
+        return MqttHarness(SHARED_URL)
 
 
 # Broker-specific behaviour.
@@ -291,7 +277,7 @@ def test_packs_properties_as_paho_does(pairs: list[tuple[str, str]]) -> None:
 
 
 async def test_an_oversized_header_fails_alone_and_permanently() -> None:
-    async with shared_harness() as harness:
+    async with MqttHarness(SHARED_URL) as harness:
         topic = unique_topic()
         await harness.prepare(topic)
         batch = [stored(topic, headers={"x-big": "v" * 70000}), stored(topic)]
@@ -302,7 +288,7 @@ async def test_an_oversized_header_fails_alone_and_permanently() -> None:
 
 
 async def test_prefix_qos2_and_client_side_refusals() -> None:
-    async with shared_harness() as harness:
+    async with MqttHarness(SHARED_URL) as harness:
         topic = unique_topic()
         await harness.prepare(f"shop/{topic}")
         good = stored(topic)
@@ -368,7 +354,7 @@ async def test_a_throwaway_broker_keeps_queued_messages_over_a_restart() -> None
 
 async def test_bench_raw_publishes_confirmed_messages() -> None:
     topic = unique_topic()
-    async with shared_harness() as harness:
+    async with MqttHarness(SHARED_URL) as harness:
         await harness.prepare(topic)
         await bench_raw.prepare(SHARED_URL, topic)
         try:

@@ -27,12 +27,13 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StreamConfig
 
 from relaybox.bench_raw import nats as bench_nats
+from relaybox.core import envelope
 from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
 from relaybox.embedded_nats import EmbeddedNats
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
 from relaybox.publishers import open_publisher
-from relaybox.publishers.nats import NatsPublisher, wire_headers, wire_size
+from relaybox.publishers.nats import PREFIX, NatsPublisher, wire_headers, wire_size
 from tests.brokers.conformance import PublisherConformance, outcomes, started
 from tests.brokers.harness import (
     Received,
@@ -54,10 +55,11 @@ def stream_name(topic: str) -> str:
 
 def _received(message: Any) -> Received:
     headers = dict(message.headers or {})
+    attributes, others = envelope.split(headers, PREFIX)
     return Received(
         payload=message.data or b"",
-        attributes={k[3:]: v for k, v in headers.items() if k.startswith("ce-")},
-        headers={k: v for k, v in headers.items() if not k.startswith("ce-")},
+        attributes=attributes,
+        headers=others,
         content_type=headers.get("content-type"),
     )
 
@@ -134,23 +136,14 @@ class NatsHarness(RestartableHarness):
         await client.close()
 
 
-@contextlib.asynccontextmanager
-async def shared_harness() -> AsyncIterator[NatsHarness]:
-    harness = NatsHarness(SHARED_URL)
-    try:
-        yield harness
-    finally:
-        await harness.close()
-
-
 class TestNatsPublisher(PublisherConformance):
     def open_harness(self) -> contextlib.AbstractAsyncContextManager[NatsHarness]:
-        return shared_harness()
+        return NatsHarness(SHARED_URL)
 
 
 @pytest.fixture
 async def shared() -> AsyncIterator[NatsHarness]:
-    async with shared_harness() as harness:
+    async with NatsHarness(SHARED_URL) as harness:
         yield harness
 
 
@@ -307,12 +300,12 @@ async def test_the_raw_benchmark_loop_confirms_every_message() -> None:
     await bench_nats.prepare(SHARED_URL + "?timeout=3", topic)
     try:
         await bench_nats.publish_raw(SHARED_URL, topic, 200, b"x" * 200)
-        async with shared_harness() as harness:
+        async with NatsHarness(SHARED_URL) as harness:
             js = await harness.jetstream()
             assert (await js.stream_info(stream_name(topic))).state.messages == 200
     finally:
         await bench_nats.cleanup(SHARED_URL, topic)
-    async with shared_harness() as harness:
+    async with NatsHarness(SHARED_URL) as harness:
         js = await harness.jetstream()
         with pytest.raises(nats.js.errors.NotFoundError):
             await js.stream_info(stream_name(topic))

@@ -27,6 +27,7 @@ from tests.brokers.conformance import PublisherConformance, outcomes, started
 from tests.brokers.harness import (
     Received,
     RestartableHarness,
+    end_process,
     free_port,
     stored,
     unique_topic,
@@ -97,16 +98,7 @@ class PrivateRedisHarness(RedisHarness):
     async def stop(self) -> None:
         if self.process is not None:
             process, self.process = self.process, None
-            await asyncio.to_thread(_terminate, process)
-
-
-def _terminate(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+            await asyncio.to_thread(end_process, process)
 
 
 async def _until_loaded(client: aioredis.Redis) -> None:
@@ -149,18 +141,9 @@ def _received(entry: dict[bytes, bytes]) -> Received:
     )
 
 
-@contextlib.asynccontextmanager
-async def _shared_harness() -> AsyncIterator[RedisHarness]:
-    harness = RedisHarness(SHARED_URL)
-    try:
-        yield harness
-    finally:
-        await harness.close()
-
-
 class TestRedisPublisher(PublisherConformance):
     def open_harness(self) -> contextlib.AbstractAsyncContextManager[RedisHarness]:
-        return _shared_harness()
+        return RedisHarness(SHARED_URL)
 
 
 # Redis-specific behaviour, on the shared Redis.
@@ -168,7 +151,7 @@ class TestRedisPublisher(PublisherConformance):
 
 @pytest.fixture
 async def shared() -> AsyncIterator[RedisHarness]:
-    async with _shared_harness() as harness:
+    async with RedisHarness(SHARED_URL) as harness:
         yield harness
 
 

@@ -13,6 +13,8 @@ partition, aggregate id, attempts).
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterator, Mapping
 
 from relaybox.core.records import StoredMessage
@@ -72,8 +74,32 @@ def headers(message: StoredMessage, prefix: str, source: str = DEFAULT_SOURCE) -
     return found
 
 
-def read_attributes(received: Mapping[str, str], prefix: str) -> dict[str, str]:
-    """The attributes back out of received headers (the inverse of `headers`)."""
-    return {
-        name[len(prefix) :]: value for name, value in received.items() if name.startswith(prefix)
-    }
+def structured(message: StoredMessage, source: str = DEFAULT_SOURCE) -> dict[str, object]:
+    """The message as a CloudEvent in structured JSON mode: `data` when the payload is
+    JSON (by its content type, and in fact), else `data_base64`."""
+    event: dict[str, object] = dict(attributes(message, source))
+    event["datacontenttype"] = message.content_type
+    try:
+        if not is_json(message.content_type):
+            raise ValueError(message.content_type)
+        event["data"] = json.loads(message.payload)
+    except ValueError:  # not JSON, or not what its content type claims: the bytes as they are
+        event["data_base64"] = base64.b64encode(message.payload).decode("ascii")
+    return event
+
+
+def is_json(content_type: str) -> bool:
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def split(received: Mapping[str, str], prefix: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Received headers back into (attributes, the message's own headers): the inverse
+    of `headers`."""
+    attributes, others = {}, {}
+    for name, value in received.items():
+        if name.startswith(prefix):
+            attributes[name[len(prefix) :]] = value
+        else:
+            others[name] = value
+    return attributes, others

@@ -19,7 +19,6 @@ Common option: `source=` (the CloudEvents source).
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import sys
@@ -35,24 +34,12 @@ from relaybox.publishers.options import BrokerUrl
 
 
 def line(message: StoredMessage, source: str = DEFAULT_SOURCE) -> dict[str, object]:
-    event: dict[str, object] = dict(envelope.attributes(message, source))
-    event["datacontenttype"] = message.content_type
-    try:
-        if not is_json(message.content_type):
-            raise ValueError(message.content_type)
-        event["data"] = json.loads(message.payload)
-    except ValueError:  # not JSON, or not what its content type claims
-        event["data_base64"] = base64.b64encode(message.payload).decode("ascii")
+    event = envelope.structured(message, source)
     event.update(
         topic=message.topic, target=message.target, headers=dict(message.headers),
         pid=os.getpid(), published_ns=time.time_ns(),
     )  # fmt: skip
     return event
-
-
-def is_json(content_type: str) -> bool:
-    media = content_type.partition(";")[0].strip().lower()
-    return media == "application/json" or media.endswith("+json")
 
 
 def from_url(url: BrokerUrl) -> FilePublisher:

@@ -37,7 +37,6 @@ its error naming the status and the start of the response body.
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import hmac
 import json
@@ -54,6 +53,8 @@ from relaybox.core.urls import mask_password
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
 from relaybox.publishers.options import BrokerUrl
 
+#: The CloudEvents HTTP binding names attribute headers `ce-<name>`.
+PREFIX = "ce-"
 SIGNATURE_HEADER = "Relaybox-Signature"
 TOPIC_HEADER = "Relaybox-Topic"
 BATCH_CONTENT_TYPE = "application/cloudevents-batch+json"
@@ -174,7 +175,7 @@ class HttpPublisher:
         return await self._post(message.topic, message.payload, headers)
 
     async def _post_batch(self, messages: Sequence[StoredMessage]) -> PublishResult:
-        events = [_structured(m, self._source) for m in messages]
+        events = [envelope.structured(m, self._source) for m in messages]
         body = json.dumps(events, separators=(",", ":"), ensure_ascii=False).encode()
         headers = [(b"Content-Type", BATCH_CONTENT_TYPE.encode())]
         return await self._post(messages[0].topic, body, headers)
@@ -215,38 +216,16 @@ def classify(response: httpx.Response) -> PublishResult:
 
 def _binary_headers(message: StoredMessage, source: str) -> list[tuple[bytes, bytes]]:
     attributes = envelope.attributes(message, source)
-    found = [(f"ce-{name}".encode(), _percent_encode(v).encode()) for name, v in attributes.items()]
-    taken = {f"ce-{name}" for name in attributes} | _OWN_HEADERS
+    found = [
+        (f"{PREFIX}{name}".encode(), _percent_encode(v).encode()) for name, v in attributes.items()
+    ]
+    taken = {f"{PREFIX}{name}" for name in attributes} | _OWN_HEADERS
     own = (
         (name.encode(), value.encode())
         for name, value in message.headers.items()
         if name.lower() not in taken  # never let a header pose as an attribute
     )
     return found + list(own)
-
-
-def _structured(message: StoredMessage, source: str) -> dict[str, object]:
-    event: dict[str, object] = dict(envelope.attributes(message, source))
-    event["datacontenttype"] = message.content_type
-    data = _json_data(message)
-    if data is not _NOT_JSON:
-        event["data"] = data
-    else:
-        event["data_base64"] = base64.b64encode(message.payload).decode("ascii")
-    return event
-
-
-_NOT_JSON = object()
-
-
-def _json_data(message: StoredMessage) -> object:
-    media_type = message.content_type.partition(";")[0].strip().lower()
-    if media_type != "application/json" and not media_type.endswith("+json"):
-        return _NOT_JSON
-    try:
-        return json.loads(message.payload)
-    except ValueError:  # declared JSON but is not: send the bytes as they are
-        return _NOT_JSON
 
 
 def _percent_encode(value: str) -> str:
