@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from relaybox.core.circuit import CircuitPolicy
 from relaybox.core.ids import uuid7
+from relaybox.core.incoming import Incoming
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import Message, Target
 from relaybox.core.publishing import Outcome, PublishResult
@@ -20,6 +21,8 @@ from relaybox.core.retry import RetryPolicy
 from relaybox.errors import (
     ConfigurationError,
     EmptyTopicError,
+    EnvelopeError,
+    InboxError,
     InvalidHeadersError,
     InvalidTableNameError,
     MessageError,
@@ -40,18 +43,27 @@ from relaybox.writer import Outbox
 __version__ = "0.1.0"
 
 if _TYPE_CHECKING:
+    from relaybox.inbox import Consumer, Inbox, Processed
     from relaybox.relay import Relay, RelaySettings, RelayThread
 
-#: The relay pulls in asyncio and the storage layer (~60 ms of imports); a service that
-#: only writes messages should not pay for it, so these load on first use.
-_LAZY = {"Relay", "RelaySettings", "RelayThread"}
+#: The relay and the inbox pull in asyncio and more (~60 ms of imports); a service that
+#: only writes messages should not pay for them, so these load on first use.
+_LAZY = {
+    "Relay": "relaybox.relay",
+    "RelaySettings": "relaybox.relay",
+    "RelayThread": "relaybox.relay",
+    "Consumer": "relaybox.inbox",
+    "Inbox": "relaybox.inbox",
+    "Processed": "relaybox.inbox",
+}
 
 
 def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        from relaybox import relay
+    module = _LAZY.get(name)
+    if module is not None:
+        import importlib
 
-        return getattr(relay, name)
+        return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module 'relaybox' has no attribute {name!r}")
 
 
@@ -59,8 +71,13 @@ __all__ = [
     "CircuitPolicy",
     "Claim",
     "ConfigurationError",
+    "Consumer",
     "EmptyTopicError",
+    "EnvelopeError",
     "Failure",
+    "Inbox",
+    "InboxError",
+    "Incoming",
     "InvalidHeadersError",
     "InvalidTableNameError",
     "Message",
@@ -72,6 +89,7 @@ __all__ = [
     "Outcome",
     "PayloadNotSerializableError",
     "PayloadTooLargeError",
+    "Processed",
     "PublishResult",
     "Publisher",
     "Relay",

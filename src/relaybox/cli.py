@@ -8,7 +8,7 @@ import click
 
 from relaybox import sql
 from relaybox.bench import bench
-from relaybox.core.identifiers import DEFAULT_TABLE
+from relaybox.core.identifiers import DEFAULT_INBOX, DEFAULT_TABLE
 from relaybox.demo import demo
 from relaybox.errors import RelayboxError
 from relaybox.migrations import migrate as run_migrations
@@ -22,14 +22,20 @@ def main() -> None:
     """relaybox: a transactional outbox and inbox."""
 
 
+_TABLE_HELP = f"Table name [default: {DEFAULT_TABLE}, or {DEFAULT_INBOX} with --inbox]."
+_INBOX_HELP = "The inbox's tables (consumer side) instead of the outbox's."
+
+
 @main.command()
 @click.option("--db", "db_url", required=True, envvar="RELAYBOX_DB", help="Database URL.")
-@click.option("--table", default=DEFAULT_TABLE, show_default=True, help="Outbox table name.")
-def migrate(db_url: str, table: str) -> None:
-    """Create or upgrade the outbox tables; safe to run again."""
+@click.option("--table", default=None, help=_TABLE_HELP)
+@click.option("--inbox", is_flag=True, help=_INBOX_HELP)
+def migrate(db_url: str, table: str | None, inbox: bool) -> None:
+    """Create or upgrade the outbox (or inbox) tables; safe to run again."""
     try:
         masked = DatabaseUrl.parse(db_url).masked
-        report = asyncio.run(run_migrations(db_url, table=table))
+        kind: sql.Kind = "inbox" if inbox else "outbox"
+        report = asyncio.run(run_migrations(db_url, table=table, kind=kind))
     except RelayboxError as exc:
         raise click.ClickException(str(exc)) from exc
     if report.applied:
@@ -43,11 +49,15 @@ def migrate(db_url: str, table: str) -> None:
 
 @main.command()
 @click.option("--dialect", type=click.Choice(sql.DIALECTS), required=True)
-@click.option("--table", default=DEFAULT_TABLE, show_default=True, help="Outbox table name.")
-def schema(dialect: sql.Dialect, table: str) -> None:
+@click.option("--table", default=None, help=_TABLE_HELP)
+@click.option("--inbox", is_flag=True, help=_INBOX_HELP)
+def schema(dialect: sql.Dialect, table: str | None, inbox: bool) -> None:
     """Print the DDL, for teams that run their own migrations (Alembic, Django)."""
     try:
-        click.echo(sql.schema(dialect, table))
+        if inbox:
+            click.echo(sql.schema(dialect, table or DEFAULT_INBOX, "inbox"))
+        else:
+            click.echo(sql.schema(dialect, table or DEFAULT_TABLE))
     except RelayboxError as exc:
         raise click.ClickException(str(exc)) from exc
 

@@ -15,6 +15,8 @@
     |   +-- StorageIntegrityError     a constraint was violated: do not retry
     |   +-- SchemaError               tables missing or newer than this relaybox
     +-- MigrationError
+    +-- EnvelopeError                 a received message cannot be decoded; never retry it
+    +-- InboxError                    the inbox cannot check a message as configured
     +-- BrokerError                   a broker could not be reached or refused a request
         +-- BrokerUnavailableError    cannot connect or authenticate; check the broker URL
 
@@ -87,6 +89,14 @@ class SchemaError(StorageError):
 
 class MigrationError(RelayboxError):
     """A schema migration failed; the database keeps the last version that succeeded."""
+
+
+class EnvelopeError(RelayboxError):
+    """The received message is not a readable relaybox (CloudEvents) envelope."""
+
+
+class InboxError(RelayboxError):
+    """The inbox cannot check this message as configured."""
 
 
 class BrokerError(RelayboxError):

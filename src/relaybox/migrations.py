@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
 from relaybox import sql
-from relaybox.core.identifiers import DEFAULT_TABLE, validate_table_name
-from relaybox.errors import MigrationError, RelayboxError, SchemaError
+from relaybox.core.identifiers import DEFAULT_INBOX, DEFAULT_TABLE, validate_table_name
+from relaybox.errors import ConfigurationError, MigrationError, RelayboxError, SchemaError
 from relaybox.storage.urls import DatabaseUrl
 
 logger = logging.getLogger(__name__)
@@ -141,14 +141,19 @@ async def _locked(url: DatabaseUrl, table: str) -> AsyncIterator[_Ddl]:
         raise MigrationError(f"{url.dialect} storage has no schema to migrate")
 
 
-async def migrate(db_url: str, *, table: str = DEFAULT_TABLE) -> MigrationReport:
-    """Create or upgrade the outbox tables at `db_url`; apply only missing migrations."""
-    table = validate_table_name(table)
+async def migrate(
+    db_url: str, *, table: str | None = None, kind: sql.Kind = "outbox"
+) -> MigrationReport:
+    """Create or upgrade the outbox (or, with kind="inbox", the inbox) tables at
+    `db_url`; apply only missing migrations."""
+    if kind not in sql.KINDS:
+        raise ConfigurationError(f"kind={kind!r}: migrate the 'outbox' or the 'inbox'")
+    table = validate_table_name(table or (DEFAULT_TABLE if kind == "outbox" else DEFAULT_INBOX))
     url = DatabaseUrl.parse(db_url)
     if url.dialect == "memory":
         return MigrationReport(table, (), 0)
     dialect: sql.Dialect = url.dialect  # type: ignore[assignment]
-    steps = sql.migrations(dialect, table)
+    steps = sql.migrations(dialect, table, kind)
     latest = steps[-1][0] if steps else 0
     try:
         async with _locked(url, table) as ddl:

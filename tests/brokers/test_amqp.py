@@ -25,7 +25,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 from aiormq.exceptions import AMQPError
 
 from relaybox.bench_raw import amqp as bench_raw
-from relaybox.core import envelope
+from relaybox.consumers.amqp import decode
 from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
 from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError
@@ -47,18 +47,13 @@ SERVER_SCRIPT = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 BOOT_SECONDS = 120.0
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _decode(message: AbstractIncomingMessage) -> Received:
-    headers = {name: _text(value) for name, value in message.headers.items()}
-    attributes, others = envelope.split(headers, amqp.PREFIX)
+    incoming = decode(message)  # the consumer's decoding: the publisher's inverse
     return Received(
-        payload=message.body,
-        attributes=attributes,
-        headers=others,
-        content_type=message.content_type,
+        payload=incoming.payload,
+        attributes=dict(incoming.attributes),
+        headers=dict(incoming.headers),
+        content_type=incoming.content_type,
     )
 
 

@@ -10,20 +10,18 @@ what it recorded lives on in the harness, so a restart loses nothing (persistent
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import json
 import time
-import urllib.parse
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from relaybox.core import envelope
+from relaybox.consumers.http import decode_request
 from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
-from relaybox.errors import BrokerUnavailableError, ConfigurationError
+from relaybox.errors import BrokerUnavailableError, ConfigurationError, EnvelopeError
 from relaybox.publishers import http, open_publisher
 from tests.brokers.conformance import PublisherConformance, outcomes, started
 from tests.brokers.harness import Received, RestartableHarness, free_port, stored, unique_topic
@@ -127,24 +125,15 @@ async def _read_request(reader: asyncio.StreamReader) -> Request | None:
 
 
 def received_from(request: Request) -> list[Received]:
-    """What a receiver makes of a request: one message (binary mode) or a batch's."""
-    if request.headers.get("content-type") == http.BATCH_CONTENT_TYPE:
-        return [_from_structured(event, request) for event in json.loads(request.body)]
-    attributes, _ = envelope.split(request.headers, http.PREFIX)
-    attributes = {name: urllib.parse.unquote(value) for name, value in attributes.items()}
+    """What relaybox's webhook receiver decodes from a request: one message (binary
+    mode) or a batch's; nothing from a request that carries no envelope (a HEAD)."""
+    try:
+        messages = decode_request(request.headers, request.body, path=request.path)
+    except EnvelopeError:
+        return []
     return [
-        Received(request.body, attributes, request.headers, request.headers.get("content-type"))
+        Received(m.payload, dict(m.attributes), dict(m.headers), m.content_type) for m in messages
     ]
-
-
-def _from_structured(event: dict[str, str], request: Request) -> Received:
-    event = dict(event)
-    content_type = event.pop("datacontenttype", None)
-    if "data_base64" in event:
-        payload = base64.b64decode(event.pop("data_base64"))
-    else:
-        payload = json.dumps(event.pop("data")).encode()
-    return Received(payload, event, request.headers, content_type)
 
 
 class HttpHarness(RestartableHarness):

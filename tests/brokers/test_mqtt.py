@@ -24,9 +24,10 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from relaybox.bench_raw import mqtt as bench_raw
+from relaybox.consumers.mqtt import decode
 from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
-from relaybox.errors import BrokerUnavailableError, ConfigurationError
+from relaybox.errors import BrokerUnavailableError, ConfigurationError, EnvelopeError
 from relaybox.publishers import mqtt, open_publisher
 from tests.brokers.conformance import PublisherConformance, outcomes, started
 from tests.brokers.harness import (
@@ -41,26 +42,18 @@ from tests.brokers.harness import (
 
 SHARED_URL = "mqtt://127.0.0.1:1883"
 
-#: The CloudEvents attributes relaybox may put on the wire; every other user property
-#: is an application header (the MQTT binding gives attributes no prefix).
-ATTRIBUTE_NAMES = frozenset({
-    "specversion", "id", "source", "type", "time", "subject", "partitionkey",
-    "correlationid", "causationid", "tenantid", "aggregateid", "traceparent",
-    "sequence", "partition", "attempts",
-})  # fmt: skip
-
 
 def _received(message: aiomqtt.Message) -> Received:
-    properties = message.properties
-    pairs = getattr(properties, "UserProperty", [])
-    headers = {str(name): str(value) for name, value in pairs}
-    payload = message.payload
-    assert isinstance(payload, bytes | bytearray)
+    try:
+        incoming = decode(message)  # the consumer's decoding: the publisher's inverse
+    except EnvelopeError:  # bench_raw's bare payloads carry no envelope
+        assert isinstance(message.payload, bytes)
+        return Received(payload=message.payload, attributes={}, headers={})
     return Received(
-        payload=bytes(payload),
-        attributes={k: v for k, v in headers.items() if k in ATTRIBUTE_NAMES},
-        headers=headers,
-        content_type=getattr(properties, "ContentType", None),
+        payload=incoming.payload,
+        attributes=dict(incoming.attributes),
+        headers=dict(incoming.headers),
+        content_type=incoming.content_type,
     )
 
 

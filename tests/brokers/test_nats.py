@@ -18,22 +18,21 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import nats
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, StreamConfig
+from nats.js.api import DiscardPolicy, RawStreamMsg, StreamConfig
 
 from relaybox.bench_raw import nats as bench_nats
-from relaybox.core import envelope
+from relaybox.consumers.nats import decode
 from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
 from relaybox.embedded_nats import EmbeddedNats
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
 from relaybox.publishers import open_publisher
-from relaybox.publishers.nats import PREFIX, NatsPublisher, wire_headers, wire_size
+from relaybox.publishers.nats import NatsPublisher, wire_headers, wire_size
 from tests.brokers.conformance import PublisherConformance, outcomes, started
 from tests.brokers.harness import (
     Received,
@@ -53,14 +52,13 @@ def stream_name(topic: str) -> str:
     return bench_nats.stream_name(topic)
 
 
-def _received(message: Any) -> Received:
-    headers = dict(message.headers or {})
-    attributes, others = envelope.split(headers, PREFIX)
+def _received(message: RawStreamMsg) -> Received:
+    got = decode(message)
     return Received(
-        payload=message.data or b"",
-        attributes=attributes,
-        headers=others,
-        content_type=headers.get("content-type"),
+        payload=got.payload,
+        attributes=dict(got.attributes),
+        headers=dict(got.headers),
+        content_type=got.content_type,
     )
 
 

@@ -18,6 +18,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from relaybox.consumers.redis import decode
 from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
 from relaybox.errors import BrokerUnavailableError
@@ -124,20 +125,13 @@ async def _private_redis() -> AsyncIterator[RestartableHarness]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _text(raw: bytes) -> str:
-    return raw.decode("utf-8")
-
-
 def _received(entry: dict[bytes, bytes]) -> Received:
-    named = {_text(name): value for name, value in entry.items()}
-    payload = named.pop(redis_publisher.DATA_FIELD)
-    content_type = _text(named.pop(redis_publisher.CONTENT_TYPE_FIELD))
-    prefix = redis_publisher.HEADER_PREFIX
+    got = decode(entry)
     return Received(
-        payload=payload,
-        attributes={n: _text(v) for n, v in named.items() if not n.startswith(prefix)},
-        headers={n[len(prefix) :]: _text(v) for n, v in named.items() if n.startswith(prefix)},
-        content_type=content_type,
+        payload=got.payload,
+        attributes=dict(got.attributes),
+        headers=dict(got.headers),
+        content_type=got.content_type,
     )
 
 

@@ -51,8 +51,8 @@ def _sqlite_catalog(db: Path, table: str) -> list[tuple[object, ...]]:
     return [tuple(" ".join(str(v).replace(table, "T").split()) for v in row) for row in rows]
 
 
-def _apply_schema(dialect: str, url: str, table: str, db: Path) -> None:
-    statements = sql.statements(sql.schema(dialect, table))  # type: ignore[arg-type]
+def _apply_schema(dialect: str, url: str, table: str, db: Path, kind: sql.Kind) -> None:
+    statements = sql.statements(sql.schema(dialect, table, kind))  # type: ignore[arg-type]
     if dialect == "postgresql":
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             for statement in statements:
@@ -76,11 +76,12 @@ _SIDE_TABLES = {
 }
 
 
-def _catalog(dialect: str, table: str, db: Path) -> list[tuple[object, ...]]:
-    """The catalog of the outbox table and of every table beside it, each row tagged."""
+def _catalog(dialect: str, table: str, db: Path, kind: sql.Kind) -> list[tuple[object, ...]]:
+    """The catalog of the outbox (or inbox) table and every table beside it, rows tagged."""
+    side = _SIDE_TABLES[dialect] if kind == "outbox" else ("_watermarks",)
     return [
         (suffix, *row)
-        for suffix in ("", *_SIDE_TABLES[dialect])
+        for suffix in ("", *side)
         for row in _table_catalog(dialect, table + suffix, db)
     ]
 
@@ -98,36 +99,46 @@ def dialect(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(params=sql.KINDS)
+def kind(request: pytest.FixtureRequest) -> sql.Kind:
+    return request.param  # type: ignore[no-any-return]
+
+
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[Path]:
     return tmp_path / "m.db"
 
 
-async def test_migrations_yield_the_published_schema(dialect: str, db: Path) -> None:
+async def test_migrations_yield_the_published_schema(
+    dialect: str, db: Path, kind: sql.Kind
+) -> None:
     url = {"postgresql": PG_URL, "mysql": MYSQL_URL}.get(dialect, sqlite_url(db))
     migrated, published = unique_table("mig"), unique_table("pub")
     try:
-        await migrate(url, table=migrated)
-        _apply_schema(dialect, url, published, db)
-        expected = _catalog(dialect, published, db)
+        await migrate(url, table=migrated, kind=kind)
+        _apply_schema(dialect, url, published, db, kind)
+        expected = _catalog(dialect, published, db, kind)
         assert expected  # the catalog query found the table
-        assert _catalog(dialect, migrated, db) == expected
+        assert _catalog(dialect, migrated, db, kind) == expected
     finally:
         drop(url, migrated)
         drop(url, published)
 
 
-async def test_migrate_twice_changes_nothing_the_second_time(dialect: str, db: Path) -> None:
+async def test_migrate_twice_changes_nothing_the_second_time(
+    dialect: str, db: Path, kind: sql.Kind
+) -> None:
     url = {"postgresql": PG_URL, "mysql": MYSQL_URL}.get(dialect, sqlite_url(db))
     table = unique_table("mig")
     try:
-        first = await migrate(url, table=table)
-        before = _catalog(dialect, table, db)
-        second = await migrate(url, table=table)
-        assert first.applied == tuple(v for v, _, _ in sql.migrations(dialect, table))  # type: ignore[arg-type]
+        first = await migrate(url, table=table, kind=kind)
+        before = _catalog(dialect, table, db, kind)
+        second = await migrate(url, table=table, kind=kind)
+        steps = sql.migrations(dialect, table, kind)  # type: ignore[arg-type]
+        assert first.applied == tuple(v for v, _, _ in steps)
         assert second.applied == ()
         assert second.version == first.version
-        assert _catalog(dialect, table, db) == before
+        assert _catalog(dialect, table, db, kind) == before
     finally:
         drop(url, table)
 

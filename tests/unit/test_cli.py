@@ -35,6 +35,20 @@ def test_migrate_is_idempotent_from_the_command_line(tmp_path: Path) -> None:
     assert f"up to date at version {latest}" in second.output
 
 
+def test_inbox_tables_migrate_and_print_from_the_command_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    first = CliRunner().invoke(main, ["migrate", "--db", url, "--inbox"])
+    again = CliRunner().invoke(main, ["migrate", "--db", url, "--inbox"])
+    outbox = CliRunner().invoke(main, ["migrate", "--db", url])
+    assert first.exit_code == 0, first.output
+    assert "relaybox_inbox on" in first.output
+    assert "applied 0001" in first.output
+    assert "up to date at version 1" in again.output
+    assert "relaybox_outbox on" in outbox.output  # a separate set of tables and versions
+    printed = CliRunner().invoke(main, ["schema", "--dialect", "mysql", "--inbox"])
+    assert "CREATE TABLE IF NOT EXISTS relaybox_inbox_watermarks" in printed.output
+
+
 def test_migrate_reports_bad_urls() -> None:
     result = CliRunner().invoke(main, ["migrate", "--db", "oracle://nowhere"])
     assert result.exit_code != 0

@@ -12,6 +12,7 @@ from relaybox.errors import InvalidTableNameError
 _TABLE_NAME = re.compile(r"^(?:[a-z_][a-z0-9_]{0,30}\.)?[a-z_][a-z0-9_]{0,40}$")
 
 DEFAULT_TABLE = "relaybox_outbox"
+DEFAULT_INBOX = "relaybox_inbox"
 
 
 def validate_table_name(name: str) -> str:

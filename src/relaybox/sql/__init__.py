@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import importlib.resources.abc
 import re
 from typing import Literal
 
@@ -16,14 +17,21 @@ from relaybox.errors import InvalidTableNameError
 
 Dialect = Literal["postgresql", "mysql", "sqlite"]
 DIALECTS: tuple[Dialect, ...] = ("postgresql", "mysql", "sqlite")
+#: Which tables: the outbox's (sql/<dialect>/) or the inbox's (sql/<dialect>/inbox/).
+Kind = Literal["outbox", "inbox"]
+KINDS: tuple[Kind, ...] = ("outbox", "inbox")
 
 _QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _MIGRATION_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 
 
-def _read(dialect: Dialect, *parts: str) -> str:
-    resource = importlib.resources.files(__package__).joinpath(dialect, *parts)
-    return resource.read_text(encoding="utf-8")
+def _folder(dialect: Dialect, kind: Kind) -> importlib.resources.abc.Traversable:
+    root = importlib.resources.files(__package__).joinpath(dialect)
+    return root if kind == "outbox" else root.joinpath(kind)
+
+
+def _read(dialect: Dialect, name: str, kind: Kind = "outbox") -> str:
+    return _folder(dialect, kind).joinpath(name).read_text(encoding="utf-8")
 
 
 def render(sql: str, table: str, dialect: Dialect) -> str:
@@ -35,8 +43,8 @@ def render(sql: str, table: str, dialect: Dialect) -> str:
 
 
 @functools.cache
-def _raw_queries(dialect: Dialect) -> dict[str, str]:
-    text = _read(dialect, "queries.sql")
+def _raw_queries(dialect: Dialect, kind: Kind) -> dict[str, str]:
+    text = _read(dialect, "queries.sql", kind)
     names = _QUERY_HEADER.findall(text)
     bodies = _QUERY_HEADER.split(text)[2::2]
     # Comments go: a placeholder mentioned in a comment would count as a parameter.
@@ -49,19 +57,20 @@ def _uncommented(body: str) -> str:
 
 
 @functools.cache
-def queries(dialect: Dialect, table: str) -> dict[str, str]:
+def queries(dialect: Dialect, table: str, kind: Kind = "outbox") -> dict[str, str]:
     """The named queries of `dialect`, rendered for `table`."""
-    return {name: render(sql, table, dialect) for name, sql in _raw_queries(dialect).items()}
+    raw = _raw_queries(dialect, kind)
+    return {name: render(sql, table, dialect) for name, sql in raw.items()}
 
 
-def schema(dialect: Dialect, table: str) -> str:
+def schema(dialect: Dialect, table: str, kind: Kind = "outbox") -> str:
     """The full, current DDL for `dialect`: what all migrations together produce."""
-    return render(_read(dialect, "schema.sql"), table, dialect)
+    return render(_read(dialect, "schema.sql", kind), table, dialect)
 
 
-def migrations(dialect: Dialect, table: str) -> list[tuple[int, str, str]]:
+def migrations(dialect: Dialect, table: str, kind: Kind = "outbox") -> list[tuple[int, str, str]]:
     """(version, name, rendered SQL) for every migration of `dialect`, in order."""
-    folder = importlib.resources.files(__package__).joinpath(dialect, "migrations")
+    folder = _folder(dialect, kind).joinpath("migrations")
     found = []
     for entry in folder.iterdir():
         match = _MIGRATION_FILE.match(entry.name)

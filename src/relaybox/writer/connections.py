@@ -15,8 +15,9 @@ from typing import Any
 from relaybox.errors import UnsupportedConnectionError
 from relaybox.sql.params import ParamStyle
 
-SyncExecute = Callable[[str, Sequence[Any]], None]
-AsyncExecute = Callable[[str, Sequence[Any]], Awaitable[None]]
+#: Run one statement; return its row count (what the inbox's checks read).
+SyncExecute = Callable[[str, Sequence[Any]], int]
+AsyncExecute = Callable[[str, Sequence[Any]], Awaitable[int]]
 
 _SQLALCHEMY_DIALECTS = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql",
                         "sqlite": "sqlite"}  # fmt: skip
@@ -73,10 +74,11 @@ def _psycopg_style(connection: Any) -> ParamStyle:
 
 
 def _dbapi(connection: Any) -> SyncExecute:
-    def execute(query: str, params: Sequence[Any]) -> None:
+    def execute(query: str, params: Sequence[Any]) -> int:
         cursor = connection.cursor()
         try:
             cursor.execute(query, params)
+            return int(cursor.rowcount)
         finally:
             cursor.close()
 
@@ -88,8 +90,8 @@ def _sqlalchemy_sync(connection: Any) -> Channel:
     if dialect is None:
         raise _unsupported(connection, "Outbox.add")
 
-    def execute(query: str, params: Sequence[Any]) -> None:
-        connection.exec_driver_sql(query, tuple(params))
+    def execute(query: str, params: Sequence[Any]) -> int:
+        return int(connection.exec_driver_sql(query, tuple(params)).rowcount)
 
     return Channel(dialect, connection.dialect.paramstyle, execute)
 
@@ -99,9 +101,10 @@ def _django(connection: Any) -> Channel:
     if dialect is None:
         raise _unsupported(connection, "Outbox.add")
 
-    def execute(query: str, params: Sequence[Any]) -> None:
+    def execute(query: str, params: Sequence[Any]) -> int:
         with connection.cursor() as cursor:
             cursor.execute(query, params)
+            return int(cursor.rowcount)
 
     return Channel(dialect, "format", execute)  # Django's cursors all take %s
 
@@ -117,37 +120,42 @@ _SYNC_KINDS: tuple[tuple[str, tuple[str, ...], Callable[[Any], Channel]], ...] =
 )
 
 
-def sync_channel(connection: Any) -> Channel:
+def sync_channel(connection: Any, api: str = "Outbox.add") -> Channel:
     for root, names, make in _SYNC_KINDS:
         if _is(connection, root, *names):
             return make(connection)
     if _from(connection, "django") and hasattr(connection, "vendor"):
         return _django(connection)
-    raise _unsupported(connection, "Outbox.add (use add_async for async connections)")
+    raise _unsupported(connection, f"{api} (use {api}_async for async connections)")
 
 
 # -- async --------------------------------------------------------------------------
 
 
 def _cursor_async(connection: Any) -> AsyncExecute:
-    async def execute(query: str, params: Sequence[Any]) -> None:
+    async def execute(query: str, params: Sequence[Any]) -> int:
         async with connection.cursor() as cursor:
             await cursor.execute(query, params)
+            return int(cursor.rowcount)
 
     return execute
 
 
 def _asyncpg(connection: Any) -> AsyncExecute:
-    async def execute(query: str, params: Sequence[Any]) -> None:
-        await connection.execute(query, *params)
+    async def execute(query: str, params: Sequence[Any]) -> int:
+        status: str = await connection.execute(query, *params)  # "INSERT 0 1", "DELETE 3"
+        count = status.rpartition(" ")[2]
+        return int(count) if count.isdigit() else 0
 
     return execute
 
 
 def _aiosqlite(connection: Any) -> AsyncExecute:
-    async def execute(query: str, params: Sequence[Any]) -> None:
+    async def execute(query: str, params: Sequence[Any]) -> int:
         cursor = await connection.execute(query, params)
+        count = int(cursor.rowcount)
         await cursor.close()
+        return count
 
     return execute
 
@@ -159,13 +167,13 @@ async def _sqlalchemy_async(connection: Any) -> Channel:
     if dialect is None:
         raise _unsupported(connection, "Outbox.add_async")
 
-    async def execute(query: str, params: Sequence[Any]) -> None:
-        await connection.exec_driver_sql(query, tuple(params))
+    async def execute(query: str, params: Sequence[Any]) -> int:
+        return int((await connection.exec_driver_sql(query, tuple(params))).rowcount)
 
     return Channel(dialect, connection.dialect.paramstyle, execute)
 
 
-async def async_channel(connection: Any) -> Channel:
+async def async_channel(connection: Any, api: str = "Outbox.add") -> Channel:
     if _is(connection, "psycopg", "AsyncConnection"):
         return Channel("postgresql", _psycopg_style(connection), _cursor_async(connection))
     if _is(connection, "asyncpg", "Connection", "PoolConnectionProxy"):
@@ -176,4 +184,4 @@ async def async_channel(connection: Any) -> Channel:
         return Channel("mysql", "format", _cursor_async(connection))
     if _is(connection, "sqlalchemy", "AsyncConnection", "AsyncSession", "async_scoped_session"):
         return await _sqlalchemy_async(connection)
-    raise _unsupported(connection, "Outbox.add_async (use add for sync connections)")
+    raise _unsupported(connection, f"{api}_async (use {api} for sync connections)")

@@ -1,0 +1,393 @@
+"""MQTT 5 consumer (aiomqtt): a persistent session, acknowledged only after the commit.
+
+    consumer = MqttConsumer("mqtt://127.0.0.1:1883", Consumer(handle, ...),
+                            topics=["orders/#"], client_id="billing-1")
+    async with consumer:
+        ...
+
+The client connects with a fixed `client_id`, never with Clean Start, and a Session
+Expiry Interval of `session_expiry` seconds, so the broker keeps its subscriptions and its
+unacknowledged messages while it is away: a persistent session. Each instance needs its
+own client id (the broker disconnects the older of two connections with one id); to
+share a topic's messages between instances, subscribe to a shared subscription,
+`$share/<group>/<topic>`. Messages are received at QoS 1 (`qos=2` for exactly-once
+flows); the broker delivers a message at the lower of its publisher's and the
+subscription's QoS.
+
+Acknowledgement after the commit: aiomqtt has no manual acknowledgement (paho sends the
+PUBACK as soon as its `on_message` callback returns, i.e. when aiomqtt queues the
+message). paho 2 has one, `manual_ack_set(True)` and `ack(mid, qos)`, and this module
+switches it on in the `paho.mqtt.client.Client` that aiomqtt wraps (its `_client`). A
+QoS 1 message is then PUBACKed only after `Consumer.process` returned. For QoS 2, paho
+sends the PUBREC on arrival even with manual acks, and after a PUBREC the broker never
+sends that PUBLISH again, so a crash before the commit would lose it; here paho hands a
+QoS 2 PUBLISH over like a QoS 1 one (no PUBREC), the PUBREC is sent after the commit, and
+the broker's PUBREL is answered with a PUBCOMP at once. Acknowledgements go out in the
+order the messages came, as MQTT requires, because messages are processed one by one.
+
+Verdicts (MQTT has no negative acknowledgement):
+    ACK     PUBACK (QoS 1) or PUBREC (QoS 2), after the commit.
+    RETRY   the handler runs again, here, after a backoff (`retry_delay`, doubled per
+            failure up to `max_retry_delay`), the message still unacknowledged, and the
+            messages behind it wait: per-topic order is kept. A broker only resends an
+            unacknowledged message when the session reconnects, so the alternative,
+            dropping the connection, would cost a reconnect per failure and resend the
+            whole in-flight window; retrying here costs nothing and loses nothing, since
+            a crash or a lost connection during the retries still leaves the message
+            unacknowledged in the session (the retries then stop and it is redelivered
+            after the reconnect).
+    REJECT  acknowledged like ACK (and logged): the only way to drop it for good.
+
+Redelivery: on every reconnect of the session (this process restarted, the connection
+dropped, the broker restarted with persistence) the broker sends again, with DUP set,
+each message it sent and got no acknowledgement for, then whatever it queued meanwhile;
+the inbox acknowledges a copy whose transaction had committed as a duplicate. A QoS 1
+message is not resent within one connection, however long its acknowledgement takes.
+`Incoming.delivery_count` is None: MQTT does not count deliveries. What a broker keeps
+for a session is bounded by its configuration (Mosquitto: `max_queued_messages`, 1000
+by default, beyond which it drops QoS 1 and 2 messages for that session, and
+`persistence` to keep sessions over a restart): size it for the longest outage.
+
+Reconnects: after a lost connection the consumer connects again every `reconnect_wait`
+seconds, resumes the session and subscribes again; messages received on the lost
+connection and not yet processed are dropped here, the broker resends them. Only the
+first connection must succeed: `start()` fails if the broker cannot be reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import ssl
+import urllib.parse
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from relaybox.consumers.base import BrokerConsumer, Verdict
+from relaybox.core.incoming import Incoming
+from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError
+from relaybox.inbox.consumer import Consumer
+from relaybox.publishers.options import BrokerUrl
+
+if TYPE_CHECKING:
+    import aiomqtt
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import MQTTErrorCode
+
+logger = logging.getLogger(__name__)
+
+#: The CloudEvents attributes, which the MQTT 5 binding writes as User Properties under
+#: their plain names (`relaybox.publishers.mqtt`); every other user property is one of
+#: the message's own headers.
+ATTRIBUTE_NAMES = frozenset({
+    "specversion", "id", "source", "type", "time", "subject", "dataschema",
+    "datacontenttype", "partitionkey", "correlationid", "causationid", "tenantid",
+    "aggregateid", "traceparent", "sequence", "partition", "attempts",
+})  # fmt: skip
+#: Attributes that also came from the message's own headers (`envelope.headers`).
+_ALSO_HEADERS = frozenset({"traceparent"})
+#: The largest Session Expiry Interval; it means "never expires".
+MAX_SESSION_EXPIRY = 0xFFFFFFFF
+
+
+def decode(message: aiomqtt.Message) -> Incoming:
+    """The relaybox envelope of an MQTT 5 message: the inverse of
+    `relaybox.publishers.mqtt` (attributes and headers as User Properties, the content
+    type as the Content Type property)."""
+    properties = message.properties
+    attributes: dict[str, str] = {}
+    headers: dict[str, str] = {}
+    for name, value in getattr(properties, "UserProperty", None) or ():
+        if name in ATTRIBUTE_NAMES:
+            attributes.setdefault(name, value)  # the publisher writes attributes first
+        if name not in ATTRIBUTE_NAMES or name in _ALSO_HEADERS:
+            headers.setdefault(name, value)
+    return Incoming.from_envelope(
+        attributes,
+        bytes(message.payload),  # paho's bytes (a bytearray for some transports)
+        headers=headers,
+        content_type=getattr(properties, "ContentType", None),
+        topic=str(message.topic),
+    )
+
+
+class MqttConsumer(BrokerConsumer):
+    """Runs `consumer` on the messages of MQTT topic filters, in a persistent session."""
+
+    def __init__(
+        self,
+        url: str,
+        consumer: Consumer,
+        *,
+        topics: Sequence[str] | str,
+        client_id: str,
+        qos: int = 1,
+        session_expiry: int = 7 * 24 * 3600,
+        keepalive: int = 60,
+        timeout: float = 10.0,
+        retry_delay: float = 1.0,
+        max_retry_delay: float = 30.0,
+        reconnect_wait: float = 1.0,
+    ) -> None:
+        """
+        url              the broker, `mqtt://[user:password@]host[:port]` (1883) or
+                         `mqtts://` (TLS with the system CAs, 8883).
+        topics           topic filters to subscribe to (wildcards and `$share/` allowed).
+        client_id        this instance's fixed client id: the key of its session.
+        qos              1 or 2, the subscriptions' maximum QoS.
+        session_expiry   seconds the broker keeps the session after a disconnect.
+        keepalive        seconds between PINGREQs when idle.
+        timeout          seconds to connect and subscribe.
+        retry_delay      seconds before a RETRY runs the handler again, doubled per
+                         failure of that message...
+        max_retry_delay  ... up to this.
+        reconnect_wait   seconds between reconnect attempts after a lost connection.
+        """
+        super().__init__(consumer)
+        parsed = BrokerUrl(url)
+        parsed.done()
+        if parsed.scheme not in ("mqtt", "mqtts"):
+            raise ConfigurationError(f"MqttConsumer needs an mqtt:// or mqtts:// URL, not {url!r}")
+        self.topics = [topics] if isinstance(topics, str) else list(topics)
+        if not self.topics or not all(self.topics):
+            raise ConfigurationError("MqttConsumer needs at least one non-empty topic filter")
+        if not client_id:
+            raise ConfigurationError("MqttConsumer needs a fixed client_id for its session")
+        if qos not in (1, 2):
+            raise ConfigurationError(f"qos={qos!r}: use 1 or 2 (QoS 0 cannot be acknowledged)")
+        if not 0 < session_expiry <= MAX_SESSION_EXPIRY:
+            raise ConfigurationError(
+                f"session_expiry={session_expiry!r}: 1 to {MAX_SESSION_EXPIRY} seconds "
+                "(0 would end the session, and its unacknowledged messages, on disconnect)"
+            )
+        if min(timeout, reconnect_wait, keepalive) <= 0 or min(retry_delay, max_retry_delay) < 0:
+            raise ConfigurationError("MqttConsumer delays must not be negative, timeouts positive")
+        self.host = parsed.host
+        self.port = parsed.port(8883 if parsed.scheme == "mqtts" else 1883)
+        self.tls = parsed.scheme == "mqtts"
+        self._username = _unquoted(parsed.parts.username)
+        self._password = _unquoted(parsed.parts.password)
+        self._masked = parsed.masked()
+        self.client_id = client_id
+        self.qos = qos
+        self.session_expiry = session_expiry
+        self.keepalive = keepalive
+        self.timeout = timeout
+        self.retry_delay = retry_delay
+        self.max_retry_delay = max_retry_delay
+        self.reconnect_wait = reconnect_wait
+
+    # -- the loop ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        import aiomqtt
+
+        connected = False
+        while True:
+            session = self._session()
+            try:
+                await session.open()
+                connected = True
+                await self._subscribe(session.client)
+                self.ready()
+                await self._consume(session)
+            except aiomqtt.MqttError as error:
+                if not connected:
+                    raise BrokerUnavailableError(
+                        f"cannot connect to the MQTT broker {self._masked}: {error}"
+                    ) from error
+                logger.warning(
+                    "MQTT consumer %s lost its connection to %s: %s; reconnecting",
+                    self.client_id, self._masked, error,
+                    extra={"action": "consumer_reconnect", "broker": "mqtt"},
+                )  # fmt: skip
+            finally:
+                await session.close(self.timeout)
+            await asyncio.sleep(self.reconnect_wait)
+
+    async def _consume(self, session: _Session) -> None:
+        import aiomqtt
+
+        messages = session.client.messages
+        while True:
+            message = await anext(messages)  # raises MqttError once disconnected
+            if not session.alive:  # left over from the lost connection: resent later
+                raise aiomqtt.MqttError("disconnected")
+            verdict = await self._process(session, message)
+            await self.settle(session, message, verdict)
+
+    async def _process(self, session: _Session, message: aiomqtt.Message) -> Verdict:
+        """Handle until ACK or REJECT; RETRY runs it again here, after a backoff."""
+        import aiomqtt
+
+        failures = 0
+        while (verdict := await self.handle(functools.partial(decode, message))) is Verdict.RETRY:
+            failures += 1
+            await asyncio.sleep(self._retry_delay(failures))
+            if not session.alive:
+                raise aiomqtt.MqttError("disconnected while retrying a message")
+        return verdict
+
+    async def settle(self, session: _Session, message: aiomqtt.Message, verdict: Verdict) -> None:
+        """Acknowledge (ACK and REJECT alike); if that cannot be sent, the broker sends
+        the message again when the session reconnects."""
+        if not session.acknowledge(message):
+            logger.warning(
+                "could not %s MQTT message %s on %s: disconnected; the broker resends it",
+                verdict.value, message.mid, message.topic,
+                extra={"action": "settle_failed", "broker": "mqtt"},
+            )  # fmt: skip
+
+    def _retry_delay(self, failures: int) -> float:
+        return min(self.retry_delay * 2.0 ** min(failures - 1, 30), self.max_retry_delay)
+
+    # -- connecting and subscribing ---------------------------------------------------
+
+    def _session(self) -> _Session:
+        import aiomqtt
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        properties.SessionExpiryInterval = self.session_expiry
+        client = aiomqtt.Client(
+            self.host,
+            self.port,
+            username=self._username,
+            password=self._password,
+            identifier=self.client_id,
+            protocol=aiomqtt.ProtocolVersion.V5,
+            # Never a clean start, not even the first time: this process may be the one
+            # restarted after a crash, and its session holds what it did not acknowledge.
+            clean_start=False,
+            properties=properties,
+            keepalive=self.keepalive,
+            timeout=self.timeout,
+            tls_context=ssl.create_default_context() if self.tls else None,
+        )
+        return _Session(client)
+
+    async def _subscribe(self, client: aiomqtt.Client) -> None:
+        """Subscribe to every filter (again, after a reconnect: harmless in a resumed
+        session); refused or downgraded to QoS 0 is an error no reconnect repairs."""
+        from paho.mqtt.subscribeoptions import SubscribeOptions
+
+        wanted = [(topic, SubscribeOptions(qos=self.qos)) for topic in self.topics]
+        granted = await client.subscribe(wanted, timeout=self.timeout)
+        for topic, code in zip(self.topics, granted, strict=True):
+            value = code if isinstance(code, int) else int(getattr(code, "value", 0x80))
+            if value >= 0x80 or value == 0:
+                raise BrokerError(
+                    f"the MQTT broker {self._masked} refused the subscription to {topic!r} "
+                    f"at QoS {self.qos} (reason code 0x{value:02X})"
+                )
+            if value < self.qos:
+                logger.warning(
+                    "MQTT broker granted QoS %d, not %d, for %s", value, self.qos, topic,
+                    extra={"action": "qos_downgraded", "broker": "mqtt"},
+                )  # fmt: skip
+
+
+def _unquoted(text: str | None) -> str | None:
+    return None if text is None else urllib.parse.unquote(text)
+
+
+class _Session:
+    """One aiomqtt connection whose deliveries are acknowledged by `acknowledge` only.
+
+    It reaches into the paho client aiomqtt wraps: `manual_ack_set(True)` (public paho
+    2 API), and, for QoS 2, paho's packet handlers, which have no public hook.
+    """
+
+    def __init__(self, client: aiomqtt.Client) -> None:
+        self.client = client
+        self._paho: paho.Client = client._client
+        self._paho.manual_ack_set(True)
+        self._qos2_arriving = False
+        self._paho._handle_publish = self._deferring_pubrec(self._paho._handle_publish)  # type: ignore[method-assign]
+        self._paho._handle_pubrel = self._completing(self._paho._handle_pubrel)  # type: ignore[method-assign]
+        self._paho.on_message = self._marking_qos2(self._paho.on_message)
+
+    @property
+    def alive(self) -> bool:
+        return not self.client._disconnected.done()
+
+    async def open(self) -> None:
+        try:
+            await self.client.__aenter__()
+        except BaseException:
+            self._paho.disconnect()  # aiomqtt leaves the socket open without a CONNACK
+            raise
+
+    async def close(self, timeout: float) -> None:
+        """Disconnect (the session stays on the broker, for `session_expiry`)."""
+        import aiomqtt
+
+        disconnected = self.client._disconnected
+        if disconnected.done() and not disconnected.cancelled():
+            disconnected.exception()  # seen: asyncio would log it as never retrieved
+        if not self.client._lock.locked():
+            return  # never connected
+        with contextlib.suppress(aiomqtt.MqttError, TimeoutError, OSError):
+            async with asyncio.timeout(timeout):
+                await self.client.__aexit__(None, None, None)
+
+    def acknowledge(self, message: aiomqtt.Message) -> bool:
+        """PUBACK a QoS 1 message, PUBREC a QoS 2 one; False if it could not be sent."""
+        from paho.mqtt.enums import MQTTErrorCode
+
+        if not self.alive:
+            return False
+        if message.qos == 1:
+            sent = self._paho.ack(message.mid, 1)
+        elif message.qos == 2:
+            sent = self._paho._send_pubrec(message.mid)
+        else:
+            return True  # QoS 0: nothing to acknowledge
+        return sent == MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def _deferring_pubrec(
+        self, handle_publish: Callable[[], MQTTErrorCode]
+    ) -> Callable[[], MQTTErrorCode]:
+        """paho answers a QoS 2 PUBLISH with PUBREC on arrival, manual acks or not, and
+        delivers it only at PUBREL; as QoS 1 with manual acks it delivers at once and
+        sends nothing. So a QoS 2 PUBLISH goes through paho's QoS 1 path, marked."""
+
+        def deferring() -> MQTTErrorCode:
+            packet = self._paho._in_packet
+            if (packet["command"] & 0x06) != 0x04:  # the QoS bits: not QoS 2
+                return handle_publish()
+            packet["command"] = (packet["command"] & ~0x06) | 0x02
+            self._qos2_arriving = True
+            try:
+                return handle_publish()
+            finally:
+                self._qos2_arriving = False
+
+        return deferring
+
+    def _completing(
+        self, handle_pubrel: Callable[[], MQTTErrorCode]
+    ) -> Callable[[], MQTTErrorCode]:
+        """With manual acks paho answers no PUBREL for a message it did not keep (ours):
+        complete the flow, the message is committed and acknowledged by then."""
+        from paho.mqtt.enums import MQTTErrorCode
+
+        def completing() -> MQTTErrorCode:
+            handled = handle_pubrel()
+            if handled != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                return handled
+            mid = int.from_bytes(self._paho._in_packet["packet"][:2], "big")
+            return self._paho._send_pubcomp(mid)
+
+        return completing
+
+    def _marking_qos2(self, deliver: Any) -> Callable[[paho.Client, Any, paho.MQTTMessage], None]:
+        def marking(client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
+            if self._qos2_arriving:
+                message.qos = 2
+            deliver(client, userdata, message)
+
+        return marking

@@ -1,0 +1,287 @@
+"""NATS JetStream consumer (nats-py): a durable pull consumer with explicit acks.
+
+    consumer = NatsConsumer("nats://127.0.0.1:4222", Consumer(handle, inbox=..., ...),
+                            stream="ORDERS", subject="orders.>", durable="billing")
+    async with consumer:
+        ...
+
+The stream must exist (relaybox creates no streams). The durable consumer is created on
+first use with explicit acks, `ack_wait` and `max_deliver`; an existing one is bound as it
+is, so change its settings with the nats CLI. Several `NatsConsumer`s on one durable
+share its messages (competing consumers); each fetches up to `batch` at a time and
+processes them one by one, in stream order.
+
+Verdicts, settled only after `Consumer.process` returned (after the commit):
+    ACK     `+ACK` sent as a request (nats-py `ack_sync`): counted done once the server
+            confirmed it. An ack that is lost (connection down, no reply in
+            `ack_timeout`) is logged; the server redelivers after `ack_wait` and the
+            inbox acknowledges the copy as a duplicate.
+    RETRY   `-NAK` with a delay: `retry_delay`, doubled per delivery up to
+            `max_retry_delay`, so a failing handler does not spin. The consumer goes on
+            with the next messages meanwhile, so a retried message is applied after
+            later messages of its key.
+    REJECT  `+TERM`: the server never delivers it again.
+
+Redelivery: a message fetched and not settled within `ack_wait` (the process died, the
+connection dropped, a batch waited behind a slow handler) is delivered again, to this
+or another instance of the durable; `Incoming.delivery_count` is JetStream's
+`num_delivered`. With `max_deliver` set, the server stops redelivering after that many
+deliveries (unlimited by default).
+
+The client reconnects for as long as the consumer runs; a closed connection or a
+JetStream API error (the durable deleted, the server restarted without it) makes the
+consumer connect and bind again after `reconnect_wait`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from relaybox.consumers.base import BrokerConsumer, Verdict
+from relaybox.core import envelope
+from relaybox.core.incoming import Incoming
+from relaybox.core.urls import mask_password
+from relaybox.errors import BrokerUnavailableError, ConfigurationError
+from relaybox.inbox.consumer import Consumer
+from relaybox.publishers.nats import PREFIX
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+    from nats.js import JetStreamContext
+    from nats.js.api import RawStreamMsg
+
+logger = logging.getLogger(__name__)
+
+#: Headers of the NATS binding that are not the message's own: the content type and
+#: JetStream's deduplication id, both written by `relaybox.publishers.nats`.
+BINDING_HEADERS = frozenset({"content-type", "Nats-Msg-Id"})
+
+DeliverFrom = Literal["all", "new"]
+
+
+def decode(message: Msg | RawStreamMsg) -> Incoming:
+    """The relaybox envelope of a JetStream message (delivered, or read with `get_msg`):
+    the inverse of `relaybox.publishers.nats.wire_headers`."""
+    received: Mapping[str, str] = message.headers or {}
+    attributes, others = envelope.split(received, PREFIX)
+    headers = {name: value for name, value in others.items() if name not in BINDING_HEADERS}
+    return Incoming.from_envelope(
+        attributes,
+        message.data or b"",
+        headers=headers,
+        content_type=received.get("content-type"),
+        topic=message.subject or "",
+        delivery_count=_delivery_count(message),
+    )
+
+
+def _delivery_count(message: Msg | RawStreamMsg) -> int | None:
+    reply = getattr(message, "reply", "")
+    if not reply or not reply.startswith("$JS.ACK."):
+        return None  # a stream read (get_msg) or a core NATS message: never delivered
+    return int(message.metadata.num_delivered)  # type: ignore[union-attr]
+
+
+class NatsConsumer(BrokerConsumer):
+    """Runs `consumer` on the messages of a JetStream durable pull consumer."""
+
+    def __init__(
+        self,
+        url: str,
+        consumer: Consumer,
+        *,
+        stream: str,
+        subject: str | None = None,
+        durable: str = "relaybox",
+        batch: int = 10,
+        fetch_timeout: float = 1.0,
+        ack_wait: float = 30.0,
+        ack_timeout: float = 5.0,
+        max_deliver: int = -1,
+        retry_delay: float = 1.0,
+        max_retry_delay: float = 60.0,
+        deliver: DeliverFrom = "all",
+        connect_timeout: float = 5.0,
+        reconnect_wait: float = 0.5,
+        name: str = "relaybox-consumer",
+    ) -> None:
+        """
+        url              the NATS server, `nats://[user:password@]host:port` or `tls://`.
+        stream           the JetStream stream to consume (it must exist).
+        subject          a filter within the stream (default: all its subjects).
+        durable          the durable consumer's name, shared by competing instances.
+        batch            messages fetched per pull request.
+        fetch_timeout    seconds a pull request waits for messages (a long poll).
+        ack_wait         seconds before the server redelivers an unsettled message
+                         (applies when this creates the durable).
+        ack_timeout      seconds to wait for the server to confirm an ack.
+        max_deliver      deliveries before the server gives up on a message (-1: never;
+                         applies when this creates the durable).
+        retry_delay      seconds before a RETRY is redelivered, doubled per delivery...
+        max_retry_delay  ... up to this.
+        deliver          "all": a new durable starts at the stream's first message;
+                         "new": at the next one published.
+        connect_timeout  seconds `start()` keeps trying to connect.
+        reconnect_wait   seconds between reconnect attempts.
+        name             the connection's name in the server's monitoring.
+        """
+        super().__init__(consumer)
+        if not stream or not durable:
+            raise ConfigurationError("NatsConsumer needs a stream and a durable name")
+        if batch < 1:
+            raise ConfigurationError(f"batch={batch!r}: fetch at least one message")
+        if min(fetch_timeout, ack_wait, ack_timeout, connect_timeout) <= 0:
+            raise ConfigurationError("NatsConsumer timeouts and ack_wait must be positive")
+        if deliver not in ("all", "new"):
+            raise ConfigurationError(f"deliver={deliver!r}: use 'all' or 'new'")
+        self.url = url
+        self.stream = stream
+        self.subject = subject
+        self.durable = durable
+        self.batch = batch
+        self.fetch_timeout = fetch_timeout
+        self.ack_wait = ack_wait
+        self.ack_timeout = ack_timeout
+        self.max_deliver = max_deliver
+        self.retry_delay = retry_delay
+        self.max_retry_delay = max_retry_delay
+        self.deliver: DeliverFrom = deliver
+        self.connect_timeout = connect_timeout
+        self.reconnect_wait = reconnect_wait
+        self.name = name
+        self._masked = mask_password(url)
+
+    # -- the loop ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        client = await self._connect()
+        try:
+            subscription = await self._bind(client)
+            self.ready()
+            while True:
+                try:
+                    await self._consume(subscription)
+                except Exception as error:  # noqa: BLE001 - connection or API trouble: rebind
+                    logger.warning(
+                        "NATS consumer %s on %s interrupted: %r; binding again",
+                        self.durable, self.stream, error,
+                        extra={"action": "consumer_reconnect", "broker": "nats"},
+                    )  # fmt: skip
+                with contextlib.suppress(Exception):  # a dead subscription is gone anyway
+                    await subscription.unsubscribe()
+                client, subscription = await self._recover(client)
+        finally:
+            await client.close()
+
+    async def _consume(self, subscription: JetStreamContext.PullSubscription) -> None:
+        import nats.errors
+
+        while True:
+            try:
+                messages = await subscription.fetch(self.batch, timeout=self.fetch_timeout)
+            except nats.errors.TimeoutError:
+                continue  # nothing to do, or disconnected and reconnecting
+            for message in messages:
+                verdict = await self.handle(functools.partial(decode, message))
+                await self.settle(message, verdict)
+
+    async def settle(self, message: Msg, verdict: Verdict) -> None:
+        """Tell JetStream the verdict; a settle that fails is left to `ack_wait`."""
+        import nats.errors
+
+        try:
+            if verdict is Verdict.ACK:
+                await message.ack_sync(timeout=self.ack_timeout)
+            elif verdict is Verdict.RETRY:
+                await message.nak(delay=self._retry_delay(message))
+            else:
+                await message.term()
+        except (nats.errors.Error, TimeoutError) as error:
+            logger.warning(
+                "could not %s a message of %s: %r; JetStream redelivers it after ack_wait",
+                verdict.value, self.stream, error,
+                extra={"action": "settle_failed", "broker": "nats"},
+            )  # fmt: skip
+
+    def _retry_delay(self, message: Msg) -> float:
+        deliveries = _delivery_count(message) or 1
+        return min(self.retry_delay * 2.0 ** min(deliveries - 1, 30), self.max_retry_delay)
+
+    # -- connecting and binding -------------------------------------------------------
+
+    async def _connect(self) -> Client:
+        from nats.aio.client import Client
+
+        client = Client()
+
+        async def on_error(error: Exception) -> None:
+            logger.debug("nats client error: %s", error, extra={"action": "nats_error"})
+
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                # nats-py annotates these waits as int but sleeps and times out on floats.
+                await client.connect(
+                    servers=[self.url],
+                    name=self.name,
+                    error_cb=on_error,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,  # for as long as the consumer runs
+                    reconnect_time_wait=self.reconnect_wait,  # type: ignore[arg-type]
+                    connect_timeout=min(self.connect_timeout, 2.0),  # type: ignore[arg-type]
+                )
+        except Exception as error:
+            await client.close()
+            raise BrokerUnavailableError(
+                f"cannot connect to NATS at {self._masked}: {error!r}"
+            ) from error
+        return client
+
+    async def _bind(self, client: Client) -> JetStreamContext.PullSubscription:
+        """Create the durable unless it exists, then subscribe to its deliveries."""
+        from nats.js.errors import NotFoundError
+
+        js = client.jetstream(timeout=self.connect_timeout)
+        try:
+            await js.consumer_info(self.stream, self.durable)
+        except NotFoundError:
+            try:
+                await js.add_consumer(self.stream, self._config())
+            except NotFoundError as error:
+                raise ConfigurationError(
+                    f"no JetStream stream {self.stream!r} at {self._masked}: create it first"
+                ) from error
+        return await js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
+
+    async def _recover(self, client: Client) -> tuple[Client, JetStreamContext.PullSubscription]:
+        """Connect again if the client gave up, and bind again, once the server answers.
+        Deliveries fetched but not settled come back after `ack_wait`."""
+        while True:
+            await asyncio.sleep(self.reconnect_wait)
+            try:
+                if client.is_closed:
+                    client = await self._connect()
+                return client, await self._bind(client)
+            except ConfigurationError:
+                raise  # the stream is gone: no retry brings it back
+            except Exception as error:  # noqa: BLE001 - not reachable yet: try again
+                logger.debug("binding %s again failed: %r", self.durable, error,
+                             extra={"action": "consumer_reconnect"})  # fmt: skip
+
+    def _config(self) -> Any:
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        return ConsumerConfig(
+            name=self.durable,
+            durable_name=self.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait,
+            max_deliver=self.max_deliver,
+            deliver_policy=DeliverPolicy.ALL if self.deliver == "all" else DeliverPolicy.NEW,
+            filter_subject=self.subject,
+        )

@@ -1,0 +1,197 @@
+"""`Inbox`: record a processed message in the consumer's own transaction.
+
+The check and the record are one statement, run through the caller's connection inside
+the transaction that also holds the handler's effects. Its row count answers "is this
+the first copy?": 1, apply the effects; 0, a copy was already applied, skip. Because
+the record is a row under a primary key, written before the effects and committed with
+them, two copies of one message processed at once by two consumers cannot both apply
+theirs (seed 004's subtle case): the second copy's statement waits on the first copy's
+uncommitted row, then finds it committed (skip) or rolled back (apply). Nothing is
+read first and decided later, so there is no window between check and record.
+
+Two modes (docs/inbox.md says when each applies):
+
+- ``"id"``: one row per (consumer, message id), kept for `retention` and purged in
+  small batches by `purge`. Works with any delivery order; a duplicate arriving after
+  the retention window is applied again.
+- ``"watermark"``: one row per (consumer, source, lane) holding the highest sequence
+  applied; a message at or below it is a duplicate. Nothing to purge, ever; but it is
+  only correct where each lane is delivered in sequence order, since a message that
+  arrives after a later one of its lane is taken for a duplicate and skipped. A lane is
+  a partition (``scope="partition"``: one row per partition) or a key
+  (``scope="key"``: one row per key; relaybox's per-key order makes it safe with
+  relaybox's relay, where partitions are not delivered in order; keyless messages
+  have no order and are deduplicated by id instead).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+from collections.abc import Sequence
+from typing import Any, Literal, cast
+
+from relaybox import sql
+from relaybox.core.identifiers import DEFAULT_INBOX, validate_table_name
+from relaybox.core.incoming import MAX_ID_LENGTH, Incoming
+from relaybox.errors import ConfigurationError, InboxError
+from relaybox.sql.params import ParamStyle, native_style, restyle_with_order
+from relaybox.writer.connections import Channel, async_channel, sync_channel
+
+Mode = Literal["id", "watermark"]
+MODES: tuple[Mode, ...] = ("id", "watermark")
+Scope = Literal["partition", "key"]
+SCOPES: tuple[Scope, ...] = ("partition", "key")
+#: The longest consumer name (it is part of every inbox key).
+MAX_CONSUMER_LENGTH = 100
+#: How long processed ids are kept in "id" mode: seed 004's "keep it for a week".
+DEFAULT_RETENTION = datetime.timedelta(days=7)
+#: Rows one `purge` call deletes at most: short enough never to hold writers up.
+DEFAULT_PURGE_BATCH = 1000
+
+_Step = tuple[str, Sequence[Any]]
+
+
+class Inbox:
+    """Deduplicates received messages for one consumer, in the consumer's transaction.
+
+    `consumer` names the handler whose effects are being deduplicated: two handlers of
+    one message each apply it once. `record` / `record_async` take the same connections
+    and sessions as `Outbox.add` and never commit, roll back or close them.
+    """
+
+    def __init__(
+        self,
+        *,
+        consumer: str = "default",
+        table: str = DEFAULT_INBOX,
+        mode: Mode = "id",
+        scope: Scope = "partition",
+        retention: datetime.timedelta | float = DEFAULT_RETENTION,
+        purge_batch: int = DEFAULT_PURGE_BATCH,
+    ) -> None:
+        if not isinstance(consumer, str) or not 0 < len(consumer) <= MAX_CONSUMER_LENGTH:
+            raise ConfigurationError(
+                f"consumer={consumer!r}: name it with 1-{MAX_CONSUMER_LENGTH} characters"
+            )
+        if mode not in MODES:
+            raise ConfigurationError(f"mode={mode!r}: use 'id' or 'watermark'")
+        if scope not in SCOPES:
+            raise ConfigurationError(f"scope={scope!r}: use 'partition' or 'key'")
+        seconds = (
+            retention.total_seconds()
+            if isinstance(retention, datetime.timedelta)
+            else float(retention)
+        )
+        if not seconds > 0:
+            raise ConfigurationError(f"retention={retention!r}: must be longer than zero")
+        if not isinstance(purge_batch, int) or purge_batch < 1:
+            raise ConfigurationError(f"purge_batch={purge_batch!r}: must be a positive integer")
+        self.consumer = consumer
+        self.table = validate_table_name(table)
+        self.mode: Mode = mode
+        self.scope: Scope = scope
+        self.retention_seconds = seconds
+        self.purge_batch = purge_batch
+
+    def __repr__(self) -> str:
+        scope = f", scope={self.scope!r}" if self.mode == "watermark" else ""
+        return f"Inbox(consumer={self.consumer!r}, table={self.table!r}, mode={self.mode!r}{scope})"
+
+    # -- the check ------------------------------------------------------------------
+
+    def record(self, connection: Any, message: Incoming | str) -> bool:
+        """Record `message` as processed, in the connection's transaction.
+
+        True: this is the first copy, apply its effects in the same transaction.
+        False: a copy was already applied (or is being applied by a transaction that
+        has now committed): skip it, and acknowledge it to the broker.
+        """
+        channel = sync_channel(connection, "Inbox.record")
+        count = 0
+        for query, params in self._steps(channel, message):
+            count = channel.execute(query, params)
+        return count == 1  # the last statement's count: see the dialect's inbox queries
+
+    async def record_async(self, connection: Any, message: Incoming | str) -> bool:
+        """`record` for an async connection or session."""
+        channel = await async_channel(connection, "Inbox.record")
+        count = 0
+        for query, params in self._steps(channel, message):
+            count = await channel.execute(query, params)
+        return count == 1
+
+    def _steps(self, channel: Channel, message: Incoming | str) -> list[_Step]:
+        dialect, style = channel.dialect, channel.style
+        lane = None if self.mode == "id" else self._lane(message)
+        if lane is None:
+            message_id = message if isinstance(message, str) else message.id
+            if not message_id or len(message_id) > MAX_ID_LENGTH:
+                raise InboxError(f"message id {message_id!r}: 1-{MAX_ID_LENGTH} characters")
+            return [self._step(dialect, style, "claim_id", (self.consumer, message_id))]
+        received = cast(Incoming, message)  # _lane refused a bare id
+        sequence = cast(int, received.sequence)  # and a message without a sequence
+        where = (self.consumer, received.source, lane)
+        if dialect == "mysql":  # two statements: see sql/mysql/inbox/queries.sql
+            guarded = (sequence, *where, sequence)
+            return [
+                self._step(dialect, style, "watermark_row", where),
+                self._step(dialect, style, "claim_watermark", guarded),
+            ]
+        return [self._step(dialect, style, "claim_watermark", (*where, sequence))]
+
+    def _lane(self, message: Incoming | str) -> str | None:
+        """The watermark's lane for `message`; None: a keyless message, checked by id."""
+        if isinstance(message, str) or message.sequence is None:
+            raise InboxError(
+                "the watermark inbox needs each message's sequence; this one has none (an "
+                "external target's stripped envelope, or not from relaybox): use "
+                "Inbox(mode='id') for it"
+            )
+        if self.scope == "key":
+            return None if message.key is None else "k/" + message.key
+        if message.partition is None:
+            raise InboxError("the watermark inbox (scope='partition') needs a partition")
+        return f"p/{message.partition}"
+
+    # -- retention ------------------------------------------------------------------
+
+    def purge(self, connection: Any) -> int:
+        """Delete up to `purge_batch` ids older than the retention window; return how many.
+
+        Run it in a short transaction of its own, again while it returns `purge_batch`.
+        (Watermark mode records ids only for keyless messages with scope="key".)
+        """
+        channel = sync_channel(connection, "Inbox.purge")
+        query, params = self._purge_step(channel)
+        count: int = channel.execute(query, params)
+        return count
+
+    async def purge_async(self, connection: Any) -> int:
+        """`purge` for an async connection or session."""
+        channel = await async_channel(connection, "Inbox.purge")
+        query, params = self._purge_step(channel)
+        count: int = await channel.execute(query, params)
+        return count
+
+    def _purge_step(self, channel: Channel) -> _Step:
+        seconds, limit = self.retention_seconds, self.purge_batch
+        params: tuple[Any, ...] = (self.consumer, seconds, limit)
+        if channel.dialect == "sqlite":  # `?` cannot repeat a parameter
+            params = (self.consumer, self.consumer, seconds, limit)
+        return self._step(channel.dialect, channel.style, "purge", params)
+
+    def _step(self, dialect: str, style: ParamStyle, name: str, params: Sequence[Any]) -> _Step:
+        text, order = _text(dialect, self.table, style, name)
+        return text, params if order is None else [params[i] for i in order]
+
+
+@functools.lru_cache(maxsize=256)
+def _text(
+    dialect: sql.Dialect, table: str, style: ParamStyle, name: str
+) -> tuple[str, tuple[int, ...] | None]:
+    if dialect not in sql.DIALECTS:
+        raise InboxError(f"the inbox cannot run on {dialect}")
+    query = sql.queries(dialect, table, "inbox")[name]
+    text, order = restyle_with_order(query, native_style(dialect), style)
+    return text, (None if order == tuple(range(len(order))) else order)

@@ -1,0 +1,113 @@
+"""Seed 004's subtle case: two copies of one message processed at once by two consumers
+must not both apply their effects, on PostgreSQL, MariaDB and SQLite.
+
+The copies race for real: both consumers run concurrently against the shared database,
+and the first copy holds its transaction open (inside the handler, after its inbox
+record) while the second arrives. The second copy's check must wait for the first's
+commit and then skip, or, when the first rolls back, apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from relaybox.core.incoming import Incoming
+from relaybox.inbox import Processed
+from tests.inbox.support import DIALECTS, InboxWorld, incoming
+
+
+@pytest.fixture(params=DIALECTS)
+async def world(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[InboxWorld]:
+    async with InboxWorld(request.param, tmp_path) as opened:
+        yield opened
+
+
+async def test_second_copy_waits_for_the_first_and_skips(world: InboxWorld) -> None:
+    first_inside = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold_first_copy(message: Incoming) -> None:
+        if not first_inside.is_set():
+            first_inside.set()
+            await release.wait()  # the first copy's transaction stays open here
+
+    one = world.consumer(name="billing", before_effect=hold_first_copy)
+    two = world.consumer(name="billing", before_effect=hold_first_copy)
+    copy = incoming("payment-1")
+    first = asyncio.create_task(one.process(copy))
+    await first_inside.wait()
+    second = asyncio.create_task(two.process(copy))
+    await asyncio.sleep(0.5)
+    assert not second.done(), "the second copy must wait for the first copy's transaction"
+    release.set()
+    assert await first is Processed.APPLIED
+    assert await second is Processed.DUPLICATE
+    assert world.effects("billing") == {"payment-1": 1}
+
+
+async def test_second_copy_applies_when_the_first_rolls_back(world: InboxWorld) -> None:
+    first_inside = asyncio.Event()
+    release = asyncio.Event()
+    calls = 0
+
+    async def fail_first_copy(message: Incoming) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            first_inside.set()
+            await release.wait()
+            raise RuntimeError("the first consumer crashes mid-handler")
+
+    one = world.consumer(name="billing", before_effect=fail_first_copy)
+    two = world.consumer(name="billing", before_effect=fail_first_copy)
+    copy = incoming("payment-2")
+    first = asyncio.create_task(one.process(copy))
+    await first_inside.wait()
+    second = asyncio.create_task(two.process(copy))
+    await asyncio.sleep(0.3)
+    release.set()
+    with pytest.raises(RuntimeError):
+        await first
+    assert await second is Processed.APPLIED
+    assert world.effects("billing") == {"payment-2": 1}
+
+
+async def test_many_consumers_many_copies_apply_each_message_once(world: InboxWorld) -> None:
+    """Four consumers each get every one of 40 messages (160 deliveries, all at once
+    where the database allows): every message's effect is applied exactly once."""
+    consumers = [world.consumer(name="stress") for _ in range(4)]
+    messages = [incoming(f"m-{n}") for n in range(40)]
+
+    async def deliver_all(index: int) -> list[Processed]:
+        order = messages[index:] + messages[:index]  # each consumer starts elsewhere
+        return [await consumers[index].process(message) for message in order]
+
+    outcomes = [o for run in await asyncio.gather(*map(deliver_all, range(4))) for o in run]
+    assert outcomes.count(Processed.APPLIED) == 40
+    assert outcomes.count(Processed.DUPLICATE) == 120
+    assert world.effects("stress") == {message.id: 1 for message in messages}
+
+
+async def test_watermark_copies_racing_apply_once(world: InboxWorld) -> None:
+    first_inside = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold(message: Incoming) -> None:
+        if not first_inside.is_set():
+            first_inside.set()
+            await release.wait()
+
+    one = world.consumer(name="wm", mode="watermark", before_effect=hold)
+    two = world.consumer(name="wm", mode="watermark", before_effect=hold)
+    copy = incoming("seq-5", partition=2, sequence=5)
+    first = asyncio.create_task(one.process(copy))
+    await first_inside.wait()
+    second = asyncio.create_task(two.process(copy))
+    await asyncio.sleep(0.3)
+    release.set()
+    assert {await first, await second} == {Processed.APPLIED, Processed.DUPLICATE}
+    assert world.effects("wm") == {"seq-5": 1}
