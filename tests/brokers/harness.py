@@ -21,6 +21,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Self
 
 from relaybox.core.ids import uuid7
+from relaybox.core.incoming import Incoming
 from relaybox.core.publishing import PublisherFeatures
 from relaybox.core.records import StoredMessage
 from relaybox.ports import Publisher
@@ -34,11 +35,19 @@ class Received:
     payload: bytes
     #: CloudEvents attributes, decoded from the broker's binding (without the prefix).
     attributes: dict[str, str]
-    #: Every header as delivered, with the binding's prefix (application headers too).
+    #: The message's own headers, apart from the attributes.
     headers: dict[str, str]
     content_type: str | None = None
     #: The broker's own message key, where it has one (Kafka).
     key: str | None = None
+
+    @classmethod
+    def of(cls, incoming: Incoming, key: str | None = None) -> Received:
+        """What relaybox's consumer decoded (`relaybox.consumers.<broker>.decode`)."""
+        return cls(
+            incoming.payload, dict(incoming.attributes), dict(incoming.headers),
+            incoming.content_type, key,
+        )  # fmt: skip
 
     @property
     def id(self) -> str:

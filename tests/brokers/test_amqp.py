@@ -21,7 +21,7 @@ from pathlib import Path
 
 import aio_pika
 import pytest
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.exceptions import AMQPError
 
 from relaybox.bench_raw import amqp as bench_raw
@@ -45,16 +45,6 @@ SHARED_URL = "amqp://guest:guest@127.0.0.1:5672/"
 SERVER_SCRIPT = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 #: A node boots in ~10-20 s on an idle machine; give a loaded one room.
 BOOT_SECONDS = 120.0
-
-
-def _decode(message: AbstractIncomingMessage) -> Received:
-    incoming = decode(message)  # the consumer's decoding: the publisher's inverse
-    return Received(
-        payload=incoming.payload,
-        attributes=dict(incoming.attributes),
-        headers=dict(incoming.headers),
-        content_type=incoming.content_type,
-    )
 
 
 class RabbitNode:
@@ -181,7 +171,7 @@ class RabbitHarness(RestartableHarness):
         try:
             queue = await (await self.channel()).get_queue(topic, ensure=False)
             while (message := await queue.get(no_ack=True, fail=False)) is not None:
-                found.append(_decode(message))
+                found.append(Received.of(decode(message)))  # the publisher's inverse
         except _DOWN:
             await self._disconnect()  # the broker restarts; the caller polls again
         return list(found)

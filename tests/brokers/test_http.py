@@ -131,9 +131,7 @@ def received_from(request: Request) -> list[Received]:
         messages = decode_request(request.headers, request.body, path=request.path)
     except EnvelopeError:
         return []
-    return [
-        Received(m.payload, dict(m.attributes), dict(m.headers), m.content_type) for m in messages
-    ]
+    return [Received.of(m) for m in messages]
 
 
 class HttpHarness(RestartableHarness):

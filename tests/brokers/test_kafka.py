@@ -192,13 +192,7 @@ def _received(record: Any) -> Received:
         decoded = {name: raw.decode("utf-8") for name, raw in record.headers}
         attributes, others = envelope.split(decoded, kafka.PREFIX)
         return Received(record.value, attributes, others, others.get("content-type"), key)
-    return Received(
-        payload=message.payload,
-        attributes=dict(message.attributes),
-        headers=dict(message.headers),
-        content_type=message.content_type,
-        key=key,
-    )
+    return Received.of(message, key)
 
 
 class TestKafkaPublisher(PublisherConformance):

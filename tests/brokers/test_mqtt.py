@@ -49,12 +49,7 @@ def _received(message: aiomqtt.Message) -> Received:
     except EnvelopeError:  # bench_raw's bare payloads carry no envelope
         assert isinstance(message.payload, bytes)
         return Received(payload=message.payload, attributes={}, headers={})
-    return Received(
-        payload=incoming.payload,
-        attributes=dict(incoming.attributes),
-        headers=dict(incoming.headers),
-        content_type=incoming.content_type,
-    )
+    return Received.of(incoming)
 
 
 class MqttHarness(RestartableHarness):
@@ -357,3 +352,18 @@ async def test_bench_raw_publishes_confirmed_messages() -> None:
         received = await harness.wait_for(topic, 200)
     assert len(received) == 200
     assert {r.payload for r in received} == {b"x" * 200}
+
+
+async def test_bench_raw_carries_the_envelope_as_user_properties() -> None:
+    from relaybox.bench_raw import broker_limit, sample_attributes
+
+    topic = unique_topic()
+    async with MqttHarness(SHARED_URL) as harness:
+        await harness.prepare(topic)
+        await bench_raw.publish_raw(SHARED_URL, topic, 20, b"{}", sample_attributes(topic, b"{}"))
+        received = await harness.wait_for(topic, 20)
+    assert {r.attributes["type"] for r in received} == {topic}
+    limit = await broker_limit(SHARED_URL, 50, 10)
+    assert limit is not None
+    assert limit["bare_msg_per_s"] > 0
+    assert limit["with_envelope_msg_per_s"] > 0

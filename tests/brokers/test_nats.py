@@ -23,9 +23,10 @@ import nats
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RawStreamMsg, StreamConfig
+from nats.js.api import DiscardPolicy, StreamConfig
 
 from relaybox.bench_raw import nats as bench_nats
+from relaybox.bench_raw.nats import stream_name
 from relaybox.consumers.nats import decode
 from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
@@ -46,20 +47,6 @@ from tests.brokers.harness import (
 SHARED_URL = "nats://127.0.0.1:4222"
 #: nats-server's default max_payload (the shared server's INFO says so too).
 MAX_PAYLOAD = 1 << 20
-
-
-def stream_name(topic: str) -> str:
-    return bench_nats.stream_name(topic)
-
-
-def _received(message: RawStreamMsg) -> Received:
-    got = decode(message)
-    return Received(
-        payload=got.payload,
-        attributes=dict(got.attributes),
-        headers=dict(got.headers),
-        content_type=got.content_type,
-    )
 
 
 class NatsHarness(RestartableHarness):
@@ -98,7 +85,7 @@ class NatsHarness(RestartableHarness):
         seen = self._seen.setdefault(name, {})
         missing = [s for s in range(state.first_seq, state.last_seq + 1) if s not in seen]
         got = await asyncio.gather(*(js.get_msg(name, seq) for seq in missing))
-        seen.update((seq, _received(m)) for seq, m in zip(missing, got, strict=True))
+        seen.update((seq, Received.of(decode(m))) for seq, m in zip(missing, got, strict=True))
         return [seen[s] for s in sorted(seen) if s >= state.first_seq]
 
     def rejected(self, topic: str) -> StoredMessage:

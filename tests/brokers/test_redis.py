@@ -53,7 +53,7 @@ class RedisHarness(RestartableHarness):
         self.keys.add(topic)  # XADD creates the stream
 
     async def received(self, topic: str) -> list[Received]:
-        return [_received(entry) for _, entry in await self.client.xrange(topic)]
+        return [Received.of(decode(entry)) for _, entry in await self.client.xrange(topic)]
 
     def rejected(self, topic: str) -> StoredMessage:
         # A key that holds a string refuses XADD with WRONGTYPE.
@@ -123,16 +123,6 @@ async def _private_redis() -> AsyncIterator[RestartableHarness]:
             await harness.close()
         await harness.stop()
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def _received(entry: dict[bytes, bytes]) -> Received:
-    got = decode(entry)
-    return Received(
-        payload=got.payload,
-        attributes=dict(got.attributes),
-        headers=dict(got.headers),
-        content_type=got.content_type,
-    )
 
 
 class TestRedisPublisher(PublisherConformance):

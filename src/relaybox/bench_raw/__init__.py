@@ -1,7 +1,8 @@
 """Raw publish loops per broker, for `relaybox bench --broker`: the client library alone.
 
 Each module (named as in `relaybox.publishers.SCHEMES`) exposes `prepare(url, topic)`,
-`publish_raw(url, topic, count, payload)` (pipelined, every message confirmed) and
+`publish_raw(url, topic, count, payload, attributes=None)` (pipelined, every message
+confirmed; `attributes` as CloudEvents headers in the broker's binding) and
 `cleanup(url, topic)`. `broker_limit` times one against the broker the relay drained to,
 so the relay's rate has its ceiling beside it, measured in the same run.
 """
@@ -60,11 +61,12 @@ async def broker_limit(url: str, count: int, payload_bytes: int) -> dict[str, An
     result: dict[str, Any] = {
         "messages": count,
         "payload_bytes": payload_bytes,
-        "how": f"relaybox.bench_raw.{raw.__name__.rsplit('.', 1)[-1]}.publish_raw: "
+        "how": f"{raw.__name__}.publish_raw: "
         "the client library alone, pipelined, every message confirmed",
     }
-    for name, attributes in (("bare", None), ("with_envelope", sample_attributes(url, payload))):
+    for name, with_envelope in (("bare", False), ("with_envelope", True)):
         topic = bench_topic()
+        attributes = sample_attributes(topic, payload) if with_envelope else None
         await raw.prepare(url, topic)
         try:
             started = time.perf_counter()

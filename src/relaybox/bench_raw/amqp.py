@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 import aio_pika
 from aio_pika.abc import AbstractChannel, FieldValue
 
+from relaybox.publishers.amqp import PREFIX
 from relaybox.publishers.options import BrokerUrl
 
 #: Publishes in flight at once, waiting for their publisher confirm.
@@ -40,9 +41,7 @@ async def publish_raw(
 ) -> None:
     async with _channel(url) as channel:
         slots = asyncio.Semaphore(WINDOW)
-        headers: dict[str, FieldValue] = {
-            f"cloudEvents:{k}": v for k, v in (attributes or {}).items()
-        }
+        headers: dict[str, FieldValue] = {PREFIX + k: v for k, v in (attributes or {}).items()}
 
         async def one() -> None:
             async with slots:

@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from relaybox.publishers.kafka import bootstrap_servers
+from relaybox.publishers.kafka import PREFIX, bootstrap_servers
 from relaybox.publishers.options import BrokerUrl
 
 #: Sends in flight at once, waiting for their acks=all confirm.
@@ -42,7 +42,7 @@ async def prepare(url: str, topic: str) -> None:
 async def publish_raw(
     url: str, topic: str, count: int, payload: bytes, attributes: Mapping[str, str] | None = None
 ) -> None:
-    headers = [(f"ce_{k}", v.encode()) for k, v in (attributes or {}).items()]
+    headers = [(PREFIX + k, v.encode()) for k, v in (attributes or {}).items()]
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers(BrokerUrl(url)), acks="all")
     await producer.start()
     try:

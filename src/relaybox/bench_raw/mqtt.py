@@ -3,14 +3,19 @@
 MQTT topics need no setup and a broker confirms a QoS 1 message whether or not anyone
 subscribes, so `prepare` and `cleanup` have nothing to do. Windows of `WINDOW`
 concurrent publishes keep the broker's Receive Maximum (paho's in-flight window) full.
+With `attributes`, each message carries them as User Properties under their plain
+names, as the relay's publisher sends them (the MQTT 5 binding).
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Mapping
 
 import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from relaybox.publishers.options import BrokerUrl
 
@@ -26,9 +31,15 @@ async def cleanup(url: str, topic: str) -> None:
     return None
 
 
-async def publish_raw(url: str, topic: str, count: int, payload: bytes) -> None:
+async def publish_raw(
+    url: str, topic: str, count: int, payload: bytes, attributes: Mapping[str, str] | None = None
+) -> None:
     parsed = BrokerUrl(url)
     qos = parsed.number("qos", 1)
+    properties = None
+    if attributes is not None:
+        properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        properties.UserProperty = list(attributes.items())
     client = aiomqtt.Client(
         parsed.host,
         parsed.port(1883),
@@ -42,4 +53,6 @@ async def publish_raw(url: str, topic: str, count: int, payload: bytes) -> None:
     async with client:
         for start in range(0, count, WINDOW):
             size = min(WINDOW, count - start)
-            await asyncio.gather(*(client.publish(topic, payload, qos=qos) for _ in range(size)))
+            await asyncio.gather(
+                *(client.publish(topic, payload, qos, properties=properties) for _ in range(size))
+            )

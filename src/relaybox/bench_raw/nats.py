@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 import nats
 from nats.js import JetStreamContext
 
+from relaybox.publishers.nats import PREFIX
 from relaybox.publishers.options import BrokerUrl
 
 #: Publishes in flight at once, waiting for their JetStream ack.
@@ -44,7 +45,7 @@ async def publish_raw(
 ) -> None:
     async with _jetstream(url) as js:
         # publish_async waits for a free slot once WINDOW acks are outstanding.
-        headers = None if attributes is None else {f"ce-{k}": v for k, v in attributes.items()}
+        headers = None if attributes is None else {PREFIX + k: v for k, v in attributes.items()}
         futures = [
             await js.publish_async(topic, payload, headers=_with_id(headers, n))
             for n in range(count)

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
 
 from relaybox.publishers.options import BrokerUrl
+from relaybox.publishers.redis import DATA_FIELD
 
 #: XADDs sent in one pipeline before its replies are read.
 WINDOW = 1000
@@ -40,7 +41,7 @@ async def publish_raw(
     url: str, topic: str, count: int, payload: bytes, attributes: Mapping[str, str] | None = None
 ) -> None:
     key = _stream_key(url, topic)
-    fields: dict[FieldT, EncodableT] = {"data": payload}
+    fields: dict[FieldT, EncodableT] = {DATA_FIELD: payload}
     fields.update(attributes or {})
     async with _client(url) as client:
         for start in range(0, count, WINDOW):

@@ -26,9 +26,7 @@ def from_url(url: BrokerUrl) -> Publisher:
     if url.scheme == "noop":
         return NoopPublisher()
     name = url.parts.netloc
-    if not name:
-        return MemoryPublisher()
-    return _named.setdefault(name, MemoryPublisher())
+    return named(name) if name else MemoryPublisher()
 
 
 def named(name: str) -> MemoryPublisher:

@@ -39,6 +39,7 @@ from nats.errors import AuthorizationError, BadHeaderError, BadSubjectError, Max
 from relaybox.core import envelope
 from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult, permanent, transient
 from relaybox.core.records import StoredMessage
+from relaybox.core.urls import mask_password
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
 from relaybox.publishers.options import BrokerUrl
 
@@ -62,7 +63,6 @@ def from_url(url: BrokerUrl) -> NatsPublisher:
         connect_timeout=url.number("connect_timeout", 5.0, minimum=0.001),
         reconnect_wait=url.number("reconnect_wait", 0.5, minimum=0.0),
         name=url.text("name", "relaybox"),
-        masked=url.masked(),
     )
 
 
@@ -148,7 +148,6 @@ class NatsPublisher:
         connect_timeout: float = 5.0,
         reconnect_wait: float = 0.5,
         name: str = "relaybox",
-        masked: str | None = None,
     ) -> None:
         self._server = server
         self._source = source
@@ -156,7 +155,7 @@ class NatsPublisher:
         self._connect_timeout = connect_timeout
         self._reconnect_wait = reconnect_wait
         self._name = name
-        self._masked = masked or server
+        self._masked = mask_password(server)
         self._client: Client | None = None
         self._acks: _Acks | None = None
         self._last_error: Exception | None = None
