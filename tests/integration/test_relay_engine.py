@@ -7,19 +7,23 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import sqlite3
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+import asyncpg
 import pytest
 
-from relaybox.core.circuit import CircuitState
+from relaybox import Outbox
+from relaybox.core.circuit import CircuitPolicy, CircuitState
 from relaybox.core.lifecycle import Status
 from relaybox.core.records import StoredMessage
+from relaybox.core.retry import RetryPolicy
 from relaybox.errors import StorageOperationalError
 from relaybox.publishers.memory import MemoryPublisher
-from relaybox.relay import Relay
+from relaybox.relay import Relay, RelaySettings, RelayThread
 from tests.relay_support import (
     RELAY_BACKENDS,
     OutboxDB,
@@ -49,12 +53,23 @@ def key_is(key: str) -> object:
     return lambda m: m.key == key
 
 
+def relay_of(
+    db: OutboxDB, default: MemoryPublisher, settings: RelaySettings | None = None
+) -> Relay:
+    """A relay of `db` publishing its default target to `default` (partner: a sink)."""
+    return Relay(
+        db.database,
+        {"default": default, "partner": MemoryPublisher()},
+        table=db.table,
+        settings=settings or fast_settings(),
+    )
+
+
 async def test_delivers_every_message_once_in_key_order(db: OutboxDB) -> None:
     batch = messages([f"k{i}" for i in range(10)] + [None], per_key=20)
     await db.write(batch)
     publisher = MemoryPublisher()
-    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
-                     table=db.table, settings=fast_settings()):  # fmt: skip
+    async with relay_of(db, publisher):
         await eventually(lambda: len(publisher.published) >= len(batch))
     ids = [m.id for m in publisher.published]
     assert len(ids) == len(set(ids)) == len(batch)
@@ -68,8 +83,7 @@ async def test_retention_keeps_published_rows(db: OutboxDB) -> None:
     await db.write(messages(["a"], per_key=3))
     publisher = MemoryPublisher()
     settings = fast_settings(published_retention=3600.0)
-    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
-                     table=db.table, settings=settings):  # fmt: skip
+    async with relay_of(db, publisher, settings):
         await eventually(lambda: len(publisher.published) == 3)
         await eventually(lambda: _counts_are(db, {Status.PUBLISHED: 3}))
 
@@ -84,8 +98,7 @@ async def test_a_failing_key_holds_back_only_itself_then_recovers_in_order(
     await db.write(messages(["bad", "good1", "good2"], per_key=10))
     publisher = MemoryPublisher()
     fault = publisher.fail(key_is("bad"), times=3)
-    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
-                     table=db.table, settings=fast_settings()):  # fmt: skip
+    async with relay_of(db, publisher):
         await eventually(lambda: len(publisher.published) == 30)
     assert fault.hits == 3
     order = per_key(publisher.published)
@@ -111,11 +124,10 @@ async def test_retries_follow_the_configured_backoff(db: OutboxDB) -> None:
 
     publisher.publish = timed  # type: ignore[method-assign]
     settings = fast_settings(
-        retry=fast_settings().retry.__class__(base_delay=0.2, max_delay=2.0, jitter=0.0),
-        circuit=fast_settings().circuit.__class__(failure_threshold=100),
+        retry=RetryPolicy(base_delay=0.2, max_delay=2.0, jitter=0.0),
+        circuit=CircuitPolicy(failure_threshold=100),
     )
-    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
-                     table=db.table, settings=settings):  # fmt: skip
+    async with relay_of(db, publisher, settings):
         await eventually(lambda: len(publisher.published) == 1)
     gaps = [b - a for a, b in itertools.pairwise(seen)]
     assert len(gaps) == 3
@@ -129,13 +141,11 @@ async def test_max_attempts_then_abandoned_with_the_last_error(db: OutboxDB) -> 
     publisher = MemoryPublisher()
     publisher.fail(lambda m: json.loads(m.payload)["n"] == 0, error="broker says no")
     settings = fast_settings(
-        retry=fast_settings().retry.__class__(base_delay=0.01, max_delay=0.01, max_attempts=3,
-                                              jitter=0.0),
+        retry=RetryPolicy(base_delay=0.01, max_delay=0.01, max_attempts=3, jitter=0.0),
         published_retention=3600.0,
-        circuit=fast_settings().circuit.__class__(failure_threshold=100),
-    )  # fmt: skip
-    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
-                     table=db.table, settings=settings):  # fmt: skip
+        circuit=CircuitPolicy(failure_threshold=100),
+    )
+    async with relay_of(db, publisher, settings):
         await eventually(lambda: len(publisher.published) == 1)
     assert len(publisher.attempts) == 4  # three failed attempts, then the next message
     abandoned = await _abandoned(db)
@@ -150,8 +160,7 @@ async def test_permanent_error_abandons_at_once_and_the_key_goes_on(db: OutboxDB
     await db.write(messages(["k"], per_key=3))
     publisher = MemoryPublisher()
     publisher.reject(lambda m: json.loads(m.payload)["n"] == 1, error="too large")
-    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
-                     table=db.table, settings=fast_settings()):  # fmt: skip
+    async with relay_of(db, publisher):
         await eventually(lambda: len(publisher.published) == 2)
         await eventually(lambda: _counts_are(db, {Status.ABANDONED: 1}))
     assert per_key(publisher.published)["k"] == [0, 2]
@@ -168,6 +177,8 @@ async def test_open_circuit_pauses_its_target_burns_no_attempts(db: OutboxDB) ->
     async with relay:
         await eventually(lambda: len(default.published) == 5)  # the other target flows
         await eventually(lambda: relay.circuits["partner"].state is not CircuitState.CLOSED)
+        # The failure that opened it is recorded once its batch is settled.
+        await eventually(lambda: not any(p.in_flight for p in relay.processors))
         attempts_when_open = await _max_attempts(db)
         probes_before = len(partner.attempts)
         await asyncio.sleep(1.5)  # several probe periods (0.3 s, doubling to 0.6 s)
@@ -188,8 +199,7 @@ async def test_a_hanging_publish_times_out_and_is_retried(db: OutboxDB) -> None:
     publisher = MemoryPublisher()
     hang = publisher.hang()
     settings = fast_settings(publish_timeout=0.2)
-    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
-                     table=db.table, settings=settings):  # fmt: skip
+    async with relay_of(db, publisher, settings):
         await eventually(lambda: hang.hits >= 2)
         publisher.heal()
         await eventually(lambda: len(publisher.published) >= 2)
@@ -201,11 +211,9 @@ async def test_long_publishes_renew_their_lease(db: OutboxDB) -> None:
     slow, rival_publisher = MemoryPublisher(), MemoryPublisher()
     slow.slow(2.0)
     settings = fast_settings(lease_seconds=0.6, publish_timeout=10.0, partition_leases=False)
-    async with Relay(db.database, {"default": slow, "partner": MemoryPublisher()},
-                     table=db.table, settings=settings):  # fmt: skip
+    async with relay_of(db, slow, settings):
         await eventually(lambda: len(slow.attempts) == 1)
-        async with Relay(db.database, {"default": rival_publisher, "partner": MemoryPublisher()},
-                         table=db.table, settings=settings):  # fmt: skip
+        async with relay_of(db, rival_publisher, settings):
             await eventually(lambda: len(slow.published) == 1, timeout=5)
             await asyncio.sleep(0.3)
     assert rival_publisher.attempts == []  # the lease never lapsed while publishing
@@ -215,8 +223,7 @@ async def test_stop_releases_what_is_in_flight_within_the_timeout(db: OutboxDB) 
     await db.write(messages(["k1", "k2"], per_key=2))
     publisher = MemoryPublisher()
     publisher.hang()
-    relay = Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
-                  table=db.table, settings=fast_settings())  # fmt: skip
+    relay = relay_of(db, publisher)
     await relay.start()
     await eventually(lambda: len(publisher.attempts) == 2)
     started = time.monotonic()
@@ -240,16 +247,14 @@ async def test_a_worker_that_cannot_renew_stops_at_its_lease_and_another_takes_o
                              published_retention=3600.0)  # fmt: skip
     # One batch in flight: A claims nothing more while its slow publish runs.
     one_batch = dataclasses.replace(settings, max_in_flight=1)
-    stale = Relay(db.database, {"default": slow, "partner": MemoryPublisher()},
-                  table=db.table, settings=one_batch)  # fmt: skip
+    stale = relay_of(db, slow, one_batch)
     async with stale:
         for processor in stale.processors:
             processor._db = dataclasses.replace(  # cut A's renewals
                 processor._db, settles=_NoRenew(processor._db.settles)
             )
         await eventually(lambda: len(slow.attempts) == 1)
-        async with Relay(db.database, {"default": rival, "partner": MemoryPublisher()},
-                         table=db.table, settings=settings):  # fmt: skip
+        async with relay_of(db, rival, settings):
             await eventually(lambda: len(rival.published) == 1, timeout=5)
             await asyncio.sleep(1.5)  # A's publish would have finished by now
     assert slow.published == []  # cut off at its lease
@@ -260,14 +265,18 @@ async def test_a_worker_that_cannot_renew_stops_at_its_lease_and_another_takes_o
     ]
 
 
-class _NoRenew:
-    """A settle connection that is cut: renewals (and releases) fail."""
+class _Passthrough:
+    """A settle connection that a subclass cuts for some calls."""
 
     def __init__(self, inner: object) -> None:
         self._inner = inner
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
+
+
+class _NoRenew(_Passthrough):
+    """A settle connection that is cut: renewals (and releases) fail."""
 
     async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
         raise StorageOperationalError("connection cut (test)")
@@ -282,8 +291,7 @@ async def test_cleanup_honours_both_retention_windows(db: OutboxDB) -> None:
     publisher.reject(lambda m: json.loads(m.payload)["n"] == 2)
     settings = fast_settings(published_retention=1.0, abandoned_retention=3.0,
                              cleanup_interval=0.1)  # fmt: skip
-    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
-                     table=db.table, settings=settings):  # fmt: skip
+    async with relay_of(db, publisher, settings):
         await eventually(lambda: _counts_are(db, {Status.PUBLISHED: 2, Status.ABANDONED: 1}))
         settled = time.monotonic()
         await eventually(lambda: _counts_are(db, {Status.ABANDONED: 1}), timeout=5)
@@ -309,17 +317,11 @@ async def pg_db(tmp_path: Path) -> AsyncIterator[OutboxDB]:
 
 async def test_an_attached_outbox_wakes_an_idle_relay_at_once(sqlite_db: OutboxDB) -> None:
     """Seed 001: a commit in the relay's own process is picked up without polling."""
-    import sqlite3
-
     db = sqlite_db
-
-    from relaybox import Outbox
-
     outbox = Outbox(table=db.table, targets=["default", "partner"], partitions=8)
     publisher = MemoryPublisher()
     settings = fast_settings(idle_interval=30.0, min_poll_interval=30.0)
-    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
-                     table=db.table, settings=settings) as relay:  # fmt: skip
+    async with relay_of(db, publisher, settings) as relay:
         relay.attach(outbox)
         await asyncio.sleep(0.2)  # the first (empty) claim is done; now it would sleep 30 s
         with sqlite3.connect(db.url.removeprefix("sqlite:///")) as conn:
@@ -331,16 +333,11 @@ async def test_an_attached_outbox_wakes_an_idle_relay_at_once(sqlite_db: OutboxD
 
 
 async def test_a_notify_from_another_process_wakes_an_idle_relay(pg_db: OutboxDB) -> None:
-    import asyncpg
-
     db = pg_db
-    from relaybox import Outbox
-
     outbox = Outbox(table=db.table, targets=["default", "partner"], partitions=8, notify=True)
     publisher = MemoryPublisher()
     settings = fast_settings(idle_interval=30.0, min_poll_interval=30.0)
-    async with Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
-                     table=db.table, settings=settings):  # fmt: skip
+    async with relay_of(db, publisher, settings):
         await asyncio.sleep(0.3)
         conn = await asyncpg.connect(db.url)
         try:
@@ -355,15 +352,11 @@ async def test_a_notify_from_another_process_wakes_an_idle_relay(pg_db: OutboxDB
 
 async def test_relay_thread_runs_a_relay_for_sync_code(sqlite_db: OutboxDB) -> None:
     db = sqlite_db
-    from relaybox.publishers.memory import MemoryPublisher as Sink
-    from relaybox.relay import RelayThread
-
-    publisher = Sink()
+    publisher = MemoryPublisher()
     await db.write(messages(["a", "b"], per_key=5))
 
     def run() -> None:
-        with RelayThread(lambda: Relay(db.url, {"default": publisher, "partner": Sink()},
-                                       table=db.table, settings=fast_settings())):  # fmt: skip
+        with RelayThread(lambda: relay_of(db, publisher)):
             deadline = time.monotonic() + 15
             while len(publisher.published) < 10 and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -380,8 +373,7 @@ async def test_an_unrecorded_failure_holds_back_its_keys_later_successes(db: Out
     publisher = MemoryPublisher()
     publisher.reject(lambda m: json.loads(m.payload)["n"] == 0, error="too large")
     settings = fast_settings(lease_seconds=0.8, published_retention=3600.0)
-    relay = Relay(db.database, {"default": publisher, "partner": MemoryPublisher()},
-                  table=db.table, settings=settings)  # fmt: skip
+    relay = relay_of(db, publisher, settings)
     async with relay:
         cut = [_NoAbandon(p._db.settles) for p in relay.processors]
         for processor, settles in zip(relay.processors, cut, strict=True):
@@ -394,14 +386,10 @@ async def test_an_unrecorded_failure_holds_back_its_keys_later_successes(db: Out
         await eventually(lambda: _counts_are(db, {Status.ABANDONED: 1, Status.PUBLISHED: 1}))
 
 
-class _NoAbandon(_NoRenew):
+class _NoAbandon(_Passthrough):
+    """A settle connection on which abandons fail until it is `healed`."""
+
     healed = False
-
-    async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
-        return await self._inner.renew(token, seqs, lease_seconds)  # type: ignore[attr-defined,no-any-return]
-
-    async def release(self, token: str, seqs: Sequence[int]) -> int:
-        return await self._inner.release(token, seqs)  # type: ignore[attr-defined,no-any-return]
 
     async def abandon(self, token: str, failures: Sequence[object]) -> int:
         if self.healed:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
-import uuid
 from collections.abc import Sequence
 
 from relaybox.core.circuit import CircuitBreaker, CircuitPolicy
@@ -12,15 +10,11 @@ from relaybox.core.records import StoredMessage
 from relaybox.core.retry import RetryPolicy
 from relaybox.publishers.memory import MemoryPublisher
 from relaybox.relay.delivery import Delivery, Settlement, chains
-
-NOW = datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC)
+from tests.brokers import harness
 
 
 def stored(seq: int, key: str | None, target: str = "default", attempts: int = 0) -> StoredMessage:
-    return StoredMessage(
-        seq, uuid.uuid4(), target, False, "t", key, 0, "", "application/json",
-        b"{}", {}, None, None, None, None, NOW, NOW, attempts,
-    )  # fmt: skip
+    return harness.stored("t", key, seq=seq, target=target, attempts=attempts)
 
 
 def test_chains_group_by_target_and_key_in_seq_order() -> None:

@@ -11,6 +11,8 @@ import uuid
 import zlib
 from collections.abc import Iterable
 
+from relaybox.errors import ConfigurationError
+
 DEFAULT_PARTITIONS = 64
 
 
@@ -60,8 +62,9 @@ class Rebalance:
 
 
 def require_partitions(partitions: int) -> int:
+    """`partitions` if it is a usable partition count; a `ConfigurationError` if not."""
     if not isinstance(partitions, int) or partitions < 1:
-        raise ValueError("partitions must be a positive integer")
+        raise ConfigurationError("partitions must be a positive integer")
     return partitions
 
 

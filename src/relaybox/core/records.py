@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import DEFAULT_TARGET, Message, Target
-from relaybox.core.partitions import DEFAULT_PARTITIONS, partition_for
+from relaybox.core.partitions import DEFAULT_PARTITIONS, partition_for, require_partitions
 from relaybox.errors import ConfigurationError, MessageError, UnknownTargetError
 
 #: The columns the writer fills, in the order of `InsertRow`.
@@ -58,9 +58,7 @@ class Routing:
         for name in defaults:
             if name not in by_name:
                 raise UnknownTargetError(f"default target {name!r} is not a known target")
-        if not isinstance(partitions, int) or partitions < 1:
-            raise ConfigurationError("partitions must be a positive integer")
-        return cls(by_name, defaults, partitions)
+        return cls(by_name, defaults, require_partitions(partitions))
 
     def resolve(self, message: Message) -> tuple[Target, ...]:
         if message.targets is None:

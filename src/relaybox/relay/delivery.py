@@ -34,8 +34,12 @@ class Settlement:
     abandoned: list[Failure] = dataclasses.field(default_factory=list)
     released: list[int] = dataclasses.field(default_factory=list)
 
-    def __len__(self) -> int:
-        return len(self.published) + len(self.failed) + len(self.abandoned) + len(self.released)
+    def seqs(self) -> set[int]:
+        """Every row this settlement says something about."""
+        return {
+            *self.published, *self.released,
+            *(f.seq for f in self.failed), *(f.seq for f in self.abandoned),
+        }  # fmt: skip
 
 
 def chains(messages: Iterable[StoredMessage]) -> list[deque[StoredMessage]]:

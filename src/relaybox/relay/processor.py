@@ -217,7 +217,7 @@ class Processor:
                 except asyncio.CancelledError:  # stop() or the lease guard
                     if guard.expired():
                         self.metrics.leases_lost += 1
-                    settled = _seqs(settlement)
+                    settled = settlement.seqs()
                     settlement.released.extend(
                         m.seq for m in claim.messages if m.seq not in settled
                     )
@@ -370,10 +370,3 @@ def _behind(held_back: dict[tuple[str, str], int], message: StoredMessage) -> bo
         return False
     first = held_back.get((message.target, message.key))
     return first is not None and message.seq > first
-
-
-def _seqs(settlement: Settlement) -> set[int]:
-    return {
-        *settlement.published, *settlement.released,
-        *(f.seq for f in settlement.failed), *(f.seq for f in settlement.abandoned),
-    }  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from relaybox.core.circuit import CircuitPolicy
-from relaybox.core.partitions import DEFAULT_PARTITIONS
+from relaybox.core.partitions import DEFAULT_PARTITIONS, require_partitions
 from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError
 
@@ -53,8 +53,7 @@ class RelaySettings:
             raise ConfigurationError("poll intervals must satisfy 0 < min <= idle")
         if self.published_retention < 0 or self.abandoned_retention < 0:
             raise ConfigurationError("retention windows cannot be negative")
-        if self.partitions < 1:
-            raise ConfigurationError("partitions must be at least 1")
+        require_partitions(self.partitions)
 
     @property
     def partition_lease_seconds(self) -> float:

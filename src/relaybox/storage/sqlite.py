@@ -103,9 +103,7 @@ class SQLiteStorage:
     async def create_schema(self) -> None:
         """Create the table and indexes if missing (tests, tools, `:memory:` databases)."""
         statements = sql.statements(sql.schema("sqlite", self.table))
-        async with self._lock:
-            connection = await self._connected()
-            await self._transaction(connection, [(s, ()) for s in statements])
+        await self._transaction([(s, ()) for s in statements])
 
     async def _execute(self, name: str, args: Sequence[Any]) -> int:
         async with self._lock:
@@ -124,10 +122,8 @@ class SQLiteStorage:
             except sqlite3.Error as exc:
                 raise translate(exc) from exc
 
-    async def _transaction(
-        self, connection: aiosqlite.Connection, steps: Sequence[tuple[str, Sequence[Any]]]
-    ) -> list[Sequence[Any]]:
-        """Run `steps` in one BEGIN IMMEDIATE transaction; rows of the last step."""
+    async def _transaction(self, steps: Sequence[tuple[str, Sequence[Any]]]) -> list[Sequence[Any]]:
+        """Run `steps` in one BEGIN IMMEDIATE transaction, alone; rows of the last step."""
 
         async def run(connection: aiosqlite.Connection) -> list[Sequence[Any]]:
             found: list[Sequence[Any]] = []
@@ -135,7 +131,7 @@ class SQLiteStorage:
                 found = list(await connection.execute_fetchall(query, args))
             return found
 
-        return await _immediately(connection, run)
+        return await self._atomic(run)
 
     async def _atomic(self, work: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
         """Run `work` in one BEGIN IMMEDIATE transaction on the connection, alone."""
@@ -145,8 +141,7 @@ class SQLiteStorage:
     async def write(self, rows: Sequence[InsertRow]) -> None:
         steps = [(st.query, st.params) for st in inserts("sqlite", self.table, "qmark", rows)]
         if steps:
-            async with self._lock:
-                await self._transaction(await self._connected(), steps)
+            await self._transaction(steps)
 
     async def claim(
         self,
@@ -162,9 +157,7 @@ class SQLiteStorage:
         token = str(uuid.uuid4())
         parts, names = _json(partitions), _json(targets)
         args = [parts, parts, names, names, limit, worker, token, float(lease_seconds)]
-        async with self._lock:
-            connection = await self._connected()
-            found = await self._transaction(connection, [(self._queries["claim"], args)])
+        found = await self._transaction([(self._queries["claim"], args)])
         return Claim(token=token, worker=worker, messages=by_seq(found))
 
     async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
