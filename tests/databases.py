@@ -55,6 +55,25 @@ def drop(url: str, table: str) -> None:
             conn.close()
 
 
+def execute(url: str, statement: str) -> None:
+    """Run one statement that returns no rows (DDL, an UPDATE), autocommitted."""
+    if url.startswith("postgresql"):
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(statement)
+    elif url.startswith("mysql"):
+        conn = pymysql.connect(
+            host="127.0.0.1", port=3306, user="root", database="test", autocommit=True
+        )
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(statement)
+        finally:
+            conn.close()
+    else:
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as lite, lite:
+            lite.execute(statement)
+
+
 def fetch_all(url: str, query: str) -> list[tuple[Any, ...]]:
     """Run one read query on the database at `url` (sync, its own connection)."""
     if url.startswith("postgresql"):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 from relaybox.core.incoming import Incoming
 from relaybox.inbox import Consumer, Inbox, Mode
 from relaybox.migrations import migrate
-from tests.databases import MYSQL_URL, PG_URL, drop, fetch_all, sqlite_url, unique_table
+from tests.databases import MYSQL_URL, PG_URL, drop, execute, fetch_all, sqlite_url, unique_table
 
 DIALECTS = ("postgresql", "mysql", "sqlite")
 
@@ -133,11 +132,7 @@ class InboxWorld:
     # -- reading back ---------------------------------------------------------------
 
     def run(self, statement: str) -> None:
-        if self.dialect == "sqlite":
-            with contextlib.closing(sqlite3.connect(self.path)) as lite, lite:
-                lite.execute(statement)
-            return
-        fetch_all_or_run(self.url, statement)
+        execute(self.url, statement)
 
     def effects(self, consumer: str = "test") -> Counter[str]:
         """How many effect rows each message id has."""
@@ -152,25 +147,6 @@ class InboxWorld:
             self.url, f"SELECT message_id FROM {self.table} WHERE consumer = '{consumer}'"
         )
         return {str(row[0]) for row in rows}
-
-
-def fetch_all_or_run(url: str, statement: str) -> None:
-    """Run a statement that returns no rows (DDL) on PostgreSQL or MySQL, autocommit."""
-    if url.startswith("postgresql"):
-        import psycopg
-
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(statement)
-        return
-    import pymysql
-
-    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", database="test",
-                           autocommit=True)  # fmt: skip
-    try:
-        with conn.cursor() as cursor:
-            cursor.execute(statement)
-    finally:
-        conn.close()
 
 
 def incoming(

@@ -26,50 +26,50 @@ async def world(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         yield opened
 
 
+class Gate:
+    """A `before_effect` hook that holds the first copy's transaction open, after its
+    inbox record, until `release` is set; with `fail`, that copy then raises."""
+
+    def __init__(self, *, fail: bool = False) -> None:
+        self.first_inside = asyncio.Event()
+        self.release = asyncio.Event()
+        self.fail = fail
+
+    async def __call__(self, message: Incoming) -> None:
+        if self.first_inside.is_set():
+            return
+        self.first_inside.set()
+        await self.release.wait()
+        if self.fail:
+            raise RuntimeError("the first consumer crashes mid-handler")
+
+
 async def test_second_copy_waits_for_the_first_and_skips(world: InboxWorld) -> None:
-    first_inside = asyncio.Event()
-    release = asyncio.Event()
-
-    async def hold_first_copy(message: Incoming) -> None:
-        if not first_inside.is_set():
-            first_inside.set()
-            await release.wait()  # the first copy's transaction stays open here
-
-    one = world.consumer(name="billing", before_effect=hold_first_copy)
-    two = world.consumer(name="billing", before_effect=hold_first_copy)
+    gate = Gate()
+    one = world.consumer(name="billing", before_effect=gate)
+    two = world.consumer(name="billing", before_effect=gate)
     copy = incoming("payment-1")
     first = asyncio.create_task(one.process(copy))
-    await first_inside.wait()
+    await gate.first_inside.wait()
     second = asyncio.create_task(two.process(copy))
     await asyncio.sleep(0.5)
     assert not second.done(), "the second copy must wait for the first copy's transaction"
-    release.set()
+    gate.release.set()
     assert await first is Processed.APPLIED
     assert await second is Processed.DUPLICATE
     assert world.effects("billing") == {"payment-1": 1}
 
 
 async def test_second_copy_applies_when_the_first_rolls_back(world: InboxWorld) -> None:
-    first_inside = asyncio.Event()
-    release = asyncio.Event()
-    calls = 0
-
-    async def fail_first_copy(message: Incoming) -> None:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            first_inside.set()
-            await release.wait()
-            raise RuntimeError("the first consumer crashes mid-handler")
-
-    one = world.consumer(name="billing", before_effect=fail_first_copy)
-    two = world.consumer(name="billing", before_effect=fail_first_copy)
+    gate = Gate(fail=True)
+    one = world.consumer(name="billing", before_effect=gate)
+    two = world.consumer(name="billing", before_effect=gate)
     copy = incoming("payment-2")
     first = asyncio.create_task(one.process(copy))
-    await first_inside.wait()
+    await gate.first_inside.wait()
     second = asyncio.create_task(two.process(copy))
     await asyncio.sleep(0.3)
-    release.set()
+    gate.release.set()
     with pytest.raises(RuntimeError):
         await first
     assert await second is Processed.APPLIED
@@ -93,21 +93,14 @@ async def test_many_consumers_many_copies_apply_each_message_once(world: InboxWo
 
 
 async def test_watermark_copies_racing_apply_once(world: InboxWorld) -> None:
-    first_inside = asyncio.Event()
-    release = asyncio.Event()
-
-    async def hold(message: Incoming) -> None:
-        if not first_inside.is_set():
-            first_inside.set()
-            await release.wait()
-
-    one = world.consumer(name="wm", mode="watermark", before_effect=hold)
-    two = world.consumer(name="wm", mode="watermark", before_effect=hold)
+    gate = Gate()
+    one = world.consumer(name="wm", mode="watermark", before_effect=gate)
+    two = world.consumer(name="wm", mode="watermark", before_effect=gate)
     copy = incoming("seq-5", partition=2, sequence=5)
     first = asyncio.create_task(one.process(copy))
-    await first_inside.wait()
+    await gate.first_inside.wait()
     second = asyncio.create_task(two.process(copy))
     await asyncio.sleep(0.3)
-    release.set()
+    gate.release.set()
     assert {await first, await second} == {Processed.APPLIED, Processed.DUPLICATE}
     assert world.effects("wm") == {"seq-5": 1}

@@ -68,7 +68,7 @@ def _apply_schema(dialect: str, url: str, table: str, db: Path, kind: sql.Kind) 
                 lite.execute(statement)
 
 
-#: The tables schema.sql creates beside the outbox table, by suffix.
+#: The tables the migrations create beside the outbox table, by suffix.
 _SIDE_TABLES = {
     "postgresql": ("_members", "_partitions"),
     "mysql": ("_key_locks", "_members", "_partitions"),

@@ -35,7 +35,7 @@ from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_INBOX, validate_table_name
 from relaybox.core.incoming import MAX_ID_LENGTH, Incoming
 from relaybox.errors import ConfigurationError, InboxError
-from relaybox.sql.params import ParamStyle, native_style, restyle_with_order
+from relaybox.sql.params import ParamStyle, in_order, styled
 from relaybox.writer.connections import Channel, async_channel, sync_channel
 
 Mode = Literal["id", "watermark"]
@@ -183,7 +183,7 @@ class Inbox:
 
     def _step(self, dialect: str, style: ParamStyle, name: str, params: Sequence[Any]) -> _Step:
         text, order = _text(dialect, self.table, style, name)
-        return text, params if order is None else [params[i] for i in order]
+        return text, in_order(params, order)
 
 
 @functools.lru_cache(maxsize=256)
@@ -192,6 +192,4 @@ def _text(
 ) -> tuple[str, tuple[int, ...] | None]:
     if dialect not in sql.DIALECTS:
         raise InboxError(f"the inbox cannot run on {dialect}")
-    query = sql.queries(dialect, table, "inbox")[name]
-    text, order = restyle_with_order(query, native_style(dialect), style)
-    return text, (None if order == tuple(range(len(order))) else order)
+    return styled(sql.queries(dialect, table, "inbox")[name], dialect, style)

@@ -14,7 +14,7 @@ from typing import Any
 from relaybox import sql
 from relaybox.core.partitions import key_lock_id, key_lock_slot
 from relaybox.core.records import InsertRow
-from relaybox.sql.params import ParamStyle, native_style, restyle_with_order, row_params
+from relaybox.sql.params import ParamStyle, in_order, row_params, styled
 
 #: Rows per multi-row INSERT on MySQL and SQLite (16 parameters each, well under limits).
 CHUNK_ROWS = 1000
@@ -41,15 +41,14 @@ def _text(
         query = f"{queries['lock_keys']} ({marks}) ORDER BY slot FOR UPDATE"
     else:
         query = queries[name]
-    text, order = restyle_with_order(query, native_style(dialect), style)
-    return text, (None if order == tuple(range(len(order))) else order)
+    return styled(query, dialect, style)
 
 
 def _statement(
     dialect: str, table: str, style: ParamStyle, name: str, params: Sequence[Any], rows: int = 1
 ) -> Statement:
     text, order = _text(dialect, table, style, name, rows)
-    return Statement(text, params if order is None else [params[i] for i in order])
+    return Statement(text, in_order(params, order))
 
 
 def _chunks(rows: Sequence[InsertRow]) -> list[Sequence[InsertRow]]:

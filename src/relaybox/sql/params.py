@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import functools
 import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from relaybox.core.records import InsertRow
@@ -59,6 +60,18 @@ def restyle_with_order(
     if target in ("format", "pyformat"):
         texts = [text.replace("%", "%%") for text in texts]
     return ("?" if target == "qmark" else "%s").join(texts), order
+
+
+def styled(query: str, dialect: str, style: ParamStyle) -> tuple[str, tuple[int, ...] | None]:
+    """`query` (in `dialect`'s native style) for `style`, with the parameter order it
+    needs, or None when the parameters go in as they are (see `in_order`)."""
+    text, order = restyle_with_order(query, native_style(dialect), style)
+    return text, (None if order == tuple(range(len(order))) else order)
+
+
+def in_order(params: Sequence[Any], order: tuple[int, ...] | None) -> Sequence[Any]:
+    """`params` as a query from `styled` takes them."""
+    return params if order is None else [params[i] for i in order]
 
 
 def row_params(dialect: str, row: InsertRow) -> tuple[Any, ...]:
