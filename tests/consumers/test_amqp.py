@@ -2,54 +2,60 @@
 
 Each test uses queues (and exchanges) of its own, deleted afterwards, and publishes with
 relaybox's own RabbitMQ publisher, so `decode` is checked as the inverse of what the
-publisher writes. "Nothing left unacknowledged" is checked once the consumers stopped:
-RabbitMQ then requeues whatever was delivered and never settled, so an empty queue
-means every delivery was acknowledged (or rejected).
+publisher writes. A queue is named after the topic: the default exchange routes what
+is published on a topic to the queue of that name. "Nothing left unacknowledged" is
+checked once the consumers stopped: RabbitMQ then requeues whatever was delivered and
+never settled, so an empty queue means every delivery was acknowledged (or rejected).
 """
 
 from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
-from relaybox.consumers import Verdict
+from relaybox.consumers import BrokerConsumer
 from relaybox.consumers.amqp import AmqpConsumer, decode
 from relaybox.core.incoming import Incoming
-from relaybox.core.publishing import Outcome
-from relaybox.core.records import StoredMessage
 from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError
 from relaybox.inbox import Consumer
-from relaybox.publishers import amqp, open_publisher
-from tests.brokers.conformance import outcomes, started
+from relaybox.publishers import amqp
 from tests.brokers.harness import free_port, stored, unique_topic
+from tests.consumers.conformance import (
+    ConsumerConformance,
+    check_carries_the_envelope,
+    recorder,
+)
+from tests.consumers.harness import ConsumerHarness
 from tests.inbox.support import InboxWorld, wait_until
 
 SHARED_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 
-class Queues:
+class AmqpHarness(ConsumerHarness):
     """Queues and exchanges of one test on the shared RabbitMQ: publish, count, delete."""
 
     def __init__(self) -> None:
-        self.name = unique_topic()
+        self.url = SHARED_URL
+        self.topic = unique_topic()
+        #: The `x-` arguments the queue is declared with, by the test and the consumer.
+        self.queue_arguments: dict[str, Any] = {}
         self._queues: list[str] = []
         self._exchanges: list[str] = []
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
 
-    async def __aenter__(self) -> Queues:
+    async def __aenter__(self) -> AmqpHarness:
         self._connection = await aio_pika.connect(SHARED_URL, timeout=5)
         self._channel = await self._connection.channel()
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def close(self) -> None:
         channel = await self.channel()
         for name in self._queues:
             await channel.queue_delete(name)
@@ -67,10 +73,13 @@ class Queues:
 
     async def declare(self, name: str | None = None, **arguments: Any) -> str:
         """Declare a durable queue, as `AmqpConsumer` does, before anything is published."""
-        name = name or self.name
+        name = name or self.topic
         await (await self.channel()).declare_queue(name, durable=True, arguments=arguments)
         self._queues.append(name)
         return name
+
+    async def prepare(self) -> None:
+        await self.declare(**self.queue_arguments)
 
     async def exchange(self) -> str:
         name = unique_topic()
@@ -79,27 +88,51 @@ class Queues:
         return name
 
     def consumer(self, consumer: Consumer, **options: Any) -> AmqpConsumer:
-        options.setdefault("queue", self.name)
+        options.setdefault("queue", self.topic)
         options.setdefault("retry_delay", 0.1)
+        options.setdefault("queue_arguments", self.queue_arguments)
         return AmqpConsumer(SHARED_URL, consumer, **options)
 
-    async def publish(self, *messages: StoredMessage, url: str = SHARED_URL) -> None:
-        async with started(open_publisher(url)) as publisher:
-            results = await publisher.publish(messages)
-        assert outcomes(results) == [Outcome.ACKED] * len(messages)
+    def racer(self, consumer: Consumer) -> BrokerConsumer:
+        # prefetch=1: while one holds its copy unacknowledged, the other copy goes to
+        # the other consumer of the queue.
+        return self.consumer(consumer, prefetch=1)
 
-    async def publish_raw(self, body: bytes, headers: dict[str, Any]) -> None:
+    async def rejecting(self, consumer: Consumer) -> BrokerConsumer:
+        dead_letters = await self.declare(f"{self.topic}.dead")
+        self.queue_arguments = {
+            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead_letters,
+        }  # fmt: skip
+        return self.consumer(consumer)
+
+    async def publish_undecodable(self) -> None:
         """A message that is no relaybox envelope: no CloudEvents id."""
-        message = aio_pika.Message(body, headers=headers)
-        await (await self.channel()).default_exchange.publish(message, self.name)
+        message = aio_pika.Message(b"no envelope", headers={"x-app": "shop"})
+        await (await self.channel()).default_exchange.publish(message, self.topic)
 
     async def count(self, name: str | None = None) -> int:
         """Messages ready in the queue (not those delivered and unacknowledged)."""
-        queue = await (await self.channel()).declare_queue(name or self.name, passive=True)
+        queue = await (await self.channel()).declare_queue(name or self.topic, passive=True)
         return int(queue.declaration_result.message_count or 0)
 
+    held = count
+
+    async def check_settled(self, *consumers: BrokerConsumer) -> None:
+        assert await self.count() == 0
+
+    async def check_unsettled(self) -> None:
+        assert await self.count() == 1  # requeued when the connection closed
+
+    async def check_rejected(self) -> None:
+        dead_letters = f"{self.topic}.dead"
+        for _ in range(100):  # rejected without requeue: dead-lettered
+            if await self.count(dead_letters) == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert await self.count(dead_letters) == 1
+
     async def get(self) -> AbstractIncomingMessage:
-        queue = await (await self.channel()).get_queue(self.name, ensure=False)
+        queue = await (await self.channel()).get_queue(self.topic, ensure=False)
         for _ in range(100):
             message = await queue.get(no_ack=True, fail=False)
             if message is not None:
@@ -109,210 +142,43 @@ class Queues:
 
 
 @pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[InboxWorld]:
-    async with InboxWorld("postgresql", tmp_path) as opened:
+async def queues() -> AsyncIterator[AmqpHarness]:
+    async with AmqpHarness() as opened:
         yield opened
 
 
-@pytest.fixture
-async def queues() -> AsyncIterator[Queues]:
-    async with Queues() as opened:
-        yield opened
+class TestAmqpConsumer(ConsumerConformance):
+    def open_harness(self) -> AmqpHarness:
+        return AmqpHarness()
+
+    @pytest.mark.parametrize(
+        ("queue_type", "counts"),
+        [("classic", (1, None)), ("quorum", (1, 2))],  # only quorum queues count deliveries
+    )
+    async def test_a_failed_handler_is_retried_and_applied_once(  # type: ignore[override]
+        self,
+        world: InboxWorld,
+        harness: AmqpHarness,
+        queue_type: str,
+        counts: tuple[int | None, ...],
+    ) -> None:
+        harness.queue_arguments = {"x-queue-type": queue_type}
+        harness.retry_delivery_counts = counts
+        await super().test_a_failed_handler_is_retried_and_applied_once(world, harness)
 
 
-def recorder(seen: list[Incoming]) -> Callable[[Incoming], Any]:
-    async def record(message: Incoming) -> None:
-        seen.append(message)
-
-    return record
-
-
-async def test_applies_each_message_once_in_per_key_order(
-    world: InboxWorld, queues: Queues
-) -> None:
-    seen: list[Incoming] = []
-    messages = [stored(queues.name, key=f"k{n % 3}", payload=b'{"n": %d}' % n)
-                for n in range(12)]  # fmt: skip
-    await queues.declare()
-    async with queues.consumer(world.consumer(before_effect=recorder(seen))) as consumer:
-        await queues.publish(*messages)
-        await wait_until(lambda: consumer.consumer.applied == 12)
-    assert world.effects() == {str(m.id): 1 for m in messages}
-    assert (consumer.consumer.applied, consumer.consumer.duplicates) == (12, 0)
-    for key in ("k0", "k1", "k2"):
-        assert [m.id for m in seen if m.key == key] == [str(m.id) for m in messages if m.key == key]
-    first = seen[0]
-    assert (first.topic, first.payload) == (queues.name, messages[0].payload)
-    assert (first.content_type, first.sequence) == ("application/json", messages[0].seq)
-    assert first.delivery_count == 1  # not redelivered
-    assert await queues.count() == 0
-
-
-async def test_decode_is_the_inverse_of_the_publisher(queues: Queues) -> None:
-    message = stored(queues.name, headers={"x-app": "shop", "traceparent": "00-ab-cd-01"},
+async def test_decode_is_the_inverse_of_the_publisher(queues: AmqpHarness) -> None:
+    message = stored(queues.topic, headers={"x-app": "shop", "traceparent": "00-ab-cd-01"},
                      correlation_id="corr", tenant_id="t1", aggregate_id="order-1")  # fmt: skip
     await queues.declare()
     await queues.publish(message)
     got = decode(await queues.get())
-    assert (got.id, got.payload, got.topic) == (str(message.id), message.payload, queues.name)
-    assert got.headers == {"x-app": "shop", "traceparent": "00-ab-cd-01"}
-    assert set(got.attributes) == {
-        "specversion", "id", "source", "type", "time", "subject", "partitionkey",
-        "correlationid", "tenantid", "aggregateid", "traceparent", "sequence",
-        "partition", "attempts",
-    }  # fmt: skip
-    assert (got.correlation_id, got.tenant_id, got.key, got.type) == (
-        "corr", "t1", "k", "order.created",
-    )  # fmt: skip
-    assert (got.partition, got.sequence, got.traceparent) == (3, message.seq, "00-ab-cd-01")
-    assert got.time == message.occurred_at
+    check_carries_the_envelope(got, message, queues.topic)
     assert amqp.PREFIX == "cloudEvents:"
 
 
-async def test_a_second_copy_is_a_duplicate_and_acknowledged(
-    world: InboxWorld, queues: Queues
-) -> None:
-    message = stored(queues.name)
-    await queues.declare()
-    await queues.publish(message)
-    await queues.publish(message)
-    assert await queues.count() == 2
-    async with queues.consumer(world.consumer()) as consumer:
-        await wait_until(lambda: consumer.consumer.duplicates == 1)
-    assert world.effects() == {str(message.id): 1}
-    assert (consumer.consumer.applied, consumer.consumer.duplicates) == (1, 1)
-    assert await queues.count() == 0  # both copies acknowledged
-
-
-@pytest.mark.parametrize(
-    ("queue_type", "counts"),
-    [("classic", [1, None]), ("quorum", [1, 2])],  # only quorum queues count deliveries
-)
-async def test_a_failed_handler_is_redelivered_and_applied_once(
-    world: InboxWorld, queues: Queues, queue_type: str, counts: list[int | None]
-) -> None:
-    messages = [stored(queues.name, key=f"k{n}") for n in range(5)]
-    failing = str(messages[2].id)
-    deliveries: list[int | None] = []
-
-    async def fail_once(message: Incoming) -> None:
-        if message.id == failing:
-            deliveries.append(message.delivery_count)
-            if len(deliveries) == 1:
-                raise RuntimeError("the handler fails the first time")
-
-    arguments = {"x-queue-type": queue_type}
-    await queues.declare(**arguments)
-    handler = world.consumer(before_effect=fail_once)
-    async with queues.consumer(handler, queue_arguments=arguments) as consumer:
-        await queues.publish(*messages)
-        await wait_until(lambda: consumer.consumer.applied == 5)
-    assert world.effects() == {str(m.id): 1 for m in messages}
-    assert (consumer.consumer.applied, consumer.consumer.duplicates) == (5, 0)
-    assert consumer.retried == 1
-    assert deliveries == counts
-    assert await queues.count() == 0
-
-
-class DiesBeforeAcking(AmqpConsumer):
-    """Commits, then hangs instead of acknowledging, until it is stopped: a crash."""
-
-    committed: asyncio.Event
-
-    async def settle(self, delivery: AbstractIncomingMessage, verdict: Verdict) -> None:
-        assert verdict is Verdict.ACK
-        self.committed.set()
-        await asyncio.Event().wait()
-
-
-async def test_a_crash_after_commit_is_redelivered_and_skipped(
-    world: InboxWorld, queues: Queues
-) -> None:
-    message = stored(queues.name)
-    await queues.declare()
-    crashing = DiesBeforeAcking(SHARED_URL, world.consumer(), queue=queues.name)
-    crashing.committed = asyncio.Event()
-    async with crashing:
-        await queues.publish(message)
-        await asyncio.wait_for(crashing.committed.wait(), 20)
-    assert world.effects() == {str(message.id): 1}
-    assert await queues.count() == 1  # requeued when the connection closed
-
-    seen: list[Incoming] = []
-    async with queues.consumer(world.consumer(before_effect=recorder(seen))) as fresh:
-        await wait_until(lambda: fresh.consumer.duplicates == 1)
-    assert world.effects() == {str(message.id): 1}
-    assert (crashing.consumer.applied, crashing.consumer.duplicates) == (1, 0)
-    assert (fresh.consumer.applied, fresh.consumer.duplicates) == (0, 1)
-    assert seen == []  # the handler did not run again
-    assert await queues.count() == 0
-
-
-class Arrivals(AmqpConsumer):
-    """Counts deliveries as they arrive, before the inbox sees them."""
-
-    arrived: list[AmqpConsumer]
-
-    async def handle(self, decode: Callable[[], Incoming]) -> Verdict:
-        self.arrived.append(self)
-        return await super().handle(decode)
-
-
-async def test_two_consumers_racing_on_one_message_apply_it_once(
-    world: InboxWorld, queues: Queues
-) -> None:
-    arrived: list[AmqpConsumer] = []
-
-    async def hold_the_first_copy(message: Incoming) -> None:
-        # Keep this transaction open until the rival copy has arrived too, and then a
-        # little longer, so the rival's inbox check waits on this uncommitted record.
-        await wait_until(lambda: len(arrived) == 2, timeout=10)
-        await asyncio.sleep(0.3)
-
-    def racer() -> Arrivals:
-        # prefetch=1: while one holds its copy unacknowledged, the other copy goes to
-        # the other consumer of the queue.
-        instance = Arrivals(SHARED_URL, world.consumer(before_effect=hold_the_first_copy),
-                            queue=queues.name, prefetch=1)  # fmt: skip
-        instance.arrived = arrived
-        return instance
-
-    message = stored(queues.name)
-    await queues.declare()
-    async with racer() as one, racer() as two:
-        await queues.publish(message)
-        await queues.publish(message)
-        await wait_until(lambda: one.consumer.duplicates + two.consumer.duplicates == 1)
-    assert world.effects() == {str(message.id): 1}
-    assert sorted(arrived, key=id) == sorted([one, two], key=id)  # one copy each
-    counts = sorted([(c.consumer.applied, c.consumer.duplicates) for c in (one, two)])
-    assert counts == [(0, 1), (1, 0)]
-    assert await queues.count() == 0
-
-
-async def test_an_undecodable_message_is_dead_lettered_and_does_not_block(
-    world: InboxWorld, queues: Queues
-) -> None:
-    messages = [stored(queues.name, key=f"k{n}") for n in range(3)]
-    dead_letters = await queues.declare(f"{queues.name}.dead")
-    arguments = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead_letters}
-    await queues.declare(**arguments)
-    async with queues.consumer(world.consumer(), queue_arguments=arguments) as consumer:
-        await queues.publish_raw(b"no envelope", {"x-app": "shop"})
-        await queues.publish(*messages)
-        await wait_until(lambda: consumer.consumer.applied == 3)
-    assert consumer.rejected == 1
-    assert world.effects() == {str(m.id): 1 for m in messages}
-    assert await queues.count() == 0
-    for _ in range(100):  # rejected without requeue: dead-lettered
-        if await queues.count(dead_letters) == 1:
-            break
-        await asyncio.sleep(0.05)
-    assert await queues.count(dead_letters) == 1
-
-
 async def test_binds_the_queue_to_the_publishers_exchange(
-    world: InboxWorld, queues: Queues
+    world: InboxWorld, queues: AmqpHarness
 ) -> None:
     exchange = await queues.exchange()
     topic = unique_topic()
@@ -342,11 +208,11 @@ def close_connection(name: str) -> None:
 
 
 async def test_keeps_consuming_after_the_broker_closes_the_connection(
-    world: InboxWorld, queues: Queues
+    world: InboxWorld, queues: AmqpHarness
 ) -> None:
-    before = [stored(queues.name, key="a") for _ in range(2)]
-    after = [stored(queues.name, key="b") for _ in range(2)]
-    name = f"rbtest-consumer-{queues.name}"
+    before = [stored(queues.topic, key="a") for _ in range(2)]
+    after = [stored(queues.topic, key="b") for _ in range(2)]
+    name = f"rbtest-consumer-{queues.topic}"
     await queues.declare()
     async with queues.consumer(world.consumer(), name=name, reconnect_wait=0.2) as consumer:
         await queues.publish(*before)
@@ -358,9 +224,9 @@ async def test_keeps_consuming_after_the_broker_closes_the_connection(
     assert await queues.count() == 0
 
 
-async def test_start_fails_clearly(world: InboxWorld, queues: Queues) -> None:
+async def test_start_fails_clearly(world: InboxWorld, queues: AmqpHarness) -> None:
     nowhere = AmqpConsumer(f"amqp://guest:secret@127.0.0.1:{free_port()}/", world.consumer(),
-                           queue=queues.name, timeout=2)  # fmt: skip
+                           queue=queues.topic, timeout=2)  # fmt: skip
     with pytest.raises(BrokerUnavailableError, match="cannot connect") as refused:
         await nowhere.start()
     assert "secret" not in str(refused.value)

@@ -13,9 +13,7 @@ import asyncio
 import base64
 import http
 import json
-import time
-from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -27,13 +25,19 @@ from relaybox.core.incoming import Incoming
 from relaybox.core.publishing import Outcome
 from relaybox.core.records import StoredMessage
 from relaybox.errors import ConfigurationError, EnvelopeError
-from relaybox.inbox import Consumer, Processed
 from relaybox.ports import Publisher
 from relaybox.publishers import http as http_publisher
 from relaybox.publishers import open_publisher
 from tests.brokers.conformance import outcomes, started
 from tests.brokers.harness import free_port, stored, unique_topic
 from tests.brokers.test_http import _read_request
+from tests.consumers.conformance import (
+    Run,
+    check_one_applied_while_the_other_waited,
+    failing_once,
+    idle_consumer,
+    timed,
+)
 from tests.inbox.support import InboxWorld
 
 
@@ -102,12 +106,6 @@ async def deliver(
 def publisher_for(server: ReceiverServer, **options: str) -> Publisher:
     query = "&".join(f"{name}={value}" for name, value in options.items())
     return open_publisher(server.url + (f"?{query}" if query else ""))
-
-
-@pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[InboxWorld]:
-    async with InboxWorld("postgresql", tmp_path) as world:
-        yield world
 
 
 A, T = Outcome.ACKED, Outcome.TRANSIENT
@@ -194,13 +192,7 @@ async def test_a_failed_handler_makes_the_publisher_resend_the_batch(world: Inbo
     messages = [stored(topic, key="k") for _ in range(3)]
     flaky = str(messages[1].id)
     attempts: list[str] = []
-
-    async def fail_once(message: Incoming) -> None:
-        attempts.append(message.id)
-        if message.id == flaky and attempts.count(flaky) == 1:
-            raise RuntimeError("the handler failed")
-
-    consumer = world.consumer(before_effect=fail_once)
+    consumer = world.consumer(before_effect=failing_once(flaky, attempts))
     receiver = WebhookReceiver(consumer)
     async with (
         ReceiverServer(receiver) as server,
@@ -254,26 +246,14 @@ async def test_a_crash_after_commit_before_the_response_is_resent_as_a_duplicate
 
 
 async def test_two_receivers_racing_on_one_message_apply_it_once(world: InboxWorld) -> None:
-    runs: list[tuple[str, float, float, Processed]] = []
+    runs: list[Run] = []
 
     async def hold(message: Incoming) -> None:
         await asyncio.sleep(1.0)  # the first copy's transaction stays open meanwhile
 
-    def timed(consumer: Consumer, name: str) -> Consumer:
-        process = consumer.process
-
-        async def timed_process(message: Incoming) -> Processed:
-            began = time.monotonic()
-            outcome = await process(message)
-            runs.append((name, began, time.monotonic(), outcome))
-            return outcome
-
-        consumer.process = timed_process  # type: ignore[method-assign]
-        return consumer
-
     message = stored(unique_topic())
-    one = WebhookReceiver(timed(world.consumer(before_effect=hold), "one"))
-    two = WebhookReceiver(timed(world.consumer(before_effect=hold), "two"))
+    one = WebhookReceiver(timed(world.consumer(before_effect=hold), "one", runs))
+    two = WebhookReceiver(timed(world.consumer(before_effect=hold), "two", runs))
     # Two instances of the receiving service behind a load balancer, each sent a copy.
     async with (
         ReceiverServer(one) as first,
@@ -284,10 +264,7 @@ async def test_two_receivers_racing_on_one_message_apply_it_once(world: InboxWor
         results = await asyncio.gather(deliver(p1, [message]), deliver(p2, [message]))
     assert results == [[[A]], [[A]]]
     assert world.effects() == {str(message.id): 1}
-    assert sorted(run[3].value for run in runs) == ["applied", "duplicate"]
-    applied = next(run for run in runs if run[3] is Processed.APPLIED)
-    duplicate = next(run for run in runs if run[3] is Processed.DUPLICATE)
-    assert duplicate[1] < applied[2]  # they overlapped: the duplicate waited on the first
+    check_one_applied_while_the_other_waited(runs)
 
 
 async def test_an_unreadable_request_is_refused_for_good_and_blocks_nothing(
@@ -402,7 +379,7 @@ async def test_the_asgi_app_answers_other_requests(world: InboxWorld) -> None:
 
 
 async def test_the_asgi_app_handles_lifespan() -> None:
-    receiver = WebhookReceiver(Consumer(lambda m, c: None, inbox=_inbox(), transaction=_none))
+    receiver = WebhookReceiver(idle_consumer())
     events = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
     sent: list[dict[str, Any]] = []
 
@@ -417,16 +394,6 @@ async def test_the_asgi_app_handles_lifespan() -> None:
 
 
 # -- decode_request -----------------------------------------------------------------------
-
-
-def _inbox() -> Any:
-    from relaybox.inbox import Inbox
-
-    return Inbox(consumer="x")
-
-
-def _none() -> Any:
-    raise AssertionError("not reached")
 
 
 def test_decodes_asgi_raw_headers_and_percent_encoding() -> None:
@@ -477,6 +444,5 @@ def test_refuses_what_is_no_envelope(content_type: str, body: bytes, error: str)
 
 
 def test_an_empty_secret_is_a_mistake() -> None:
-    consumer = Consumer(lambda m, c: None, inbox=_inbox(), transaction=_none)
     with pytest.raises(ConfigurationError, match="secret"):
-        WebhookReceiver(consumer, secret="")
+        WebhookReceiver(idle_consumer(), secret="")

@@ -13,7 +13,7 @@ import asyncio
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,19 @@ from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
 from relaybox.core.records import StoredMessage
 from relaybox.errors import ConfigurationError, EnvelopeError
-from relaybox.inbox import Consumer, Processed
+from relaybox.inbox import Consumer
 from relaybox.publishers import kafka as kafka_publisher
 from relaybox.publishers import open_publisher
 from tests.brokers.conformance import outcomes, started
 from tests.brokers.harness import stored, unique_topic
 from tests.brokers.test_kafka import TansuProcess, _wait_port_sync
+from tests.consumers.conformance import (
+    Run,
+    check_one_applied_while_the_other_waited,
+    failing_once,
+    idle_consumer,
+    timed,
+)
 from tests.inbox.support import InboxWorld, wait_until
 
 PARTITIONS = 3
@@ -134,12 +141,6 @@ async def kafka(broker: TansuProcess) -> Kafka:
     return kafka
 
 
-@pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[InboxWorld]:
-    async with InboxWorld("postgresql", tmp_path) as world:
-        yield world
-
-
 def _key_of(message: Incoming) -> str:
     assert message.key is not None
     return message.key
@@ -195,14 +196,8 @@ async def test_a_failed_handler_gets_the_record_again_from_the_broker(
     messages = [stored(kafka.topic, key="same") for _ in range(4)]
     flaky = str(messages[1].id)
     attempts: list[str] = []
-
-    async def fail_once(message: Incoming) -> None:
-        attempts.append(message.id)
-        if message.id == flaky and attempts.count(flaky) == 1:
-            raise RuntimeError("the handler failed")
-
     await kafka.publish(*messages)
-    consumer = world.consumer(before_effect=fail_once)
+    consumer = world.consumer(before_effect=failing_once(flaky, attempts))
     async with kafka.consumer(consumer) as receiver:
         await wait_until(lambda: consumer.applied == 4)
         await kafka.wait_all_acknowledged()
@@ -250,26 +245,14 @@ async def test_a_crash_after_commit_before_ack_redelivers_a_duplicate(
 async def test_two_group_members_racing_on_one_message_apply_it_once(
     kafka: Kafka, world: InboxWorld
 ) -> None:
-    runs: list[tuple[str, float, float, Processed]] = []
+    runs: list[Run] = []
 
     async def hold(message: Incoming) -> None:
         await asyncio.sleep(1.5)  # the first copy's transaction stays open meanwhile
 
-    def timed(consumer: Consumer, name: str) -> Consumer:
-        process = consumer.process
-
-        async def timed_process(message: Incoming) -> Processed:
-            began = time.monotonic()
-            outcome = await process(message)
-            runs.append((name, began, time.monotonic(), outcome))
-            return outcome
-
-        consumer.process = timed_process  # type: ignore[method-assign]
-        return consumer
-
     one, two = (
-        timed(world.consumer(before_effect=hold), "one"),
-        timed(world.consumer(before_effect=hold), "two"),
+        timed(world.consumer(before_effect=hold), "one", runs),
+        timed(world.consumer(before_effect=hold), "two", runs),
     )
     async with kafka.consumer(one) as first, kafka.consumer(two) as second:
         await wait_until(lambda: _split(first, second), timeout=30)
@@ -282,11 +265,8 @@ async def test_two_group_members_racing_on_one_message_apply_it_once(
         await wait_until(lambda: len(runs) == 2)
         await kafka.wait_all_acknowledged()
     assert world.effects() == {str(message.id): 1}
-    assert sorted(run[3].value for run in runs) == ["applied", "duplicate"]
-    assert {run[0] for run in runs} == {"one", "two"}
-    applied = next(run for run in runs if run[3] is Processed.APPLIED)
-    duplicate = next(run for run in runs if run[3] is Processed.DUPLICATE)
-    assert duplicate[1] < applied[2]  # they overlapped: the duplicate waited on the first
+    check_one_applied_while_the_other_waited(runs)
+    assert {run.name for run in runs} == {"one", "two"}
 
 
 async def test_a_rebalance_lets_the_record_in_hand_finish_and_commit(
@@ -414,20 +394,9 @@ def test_decode_takes_the_record_key_when_no_attribute_names_one() -> None:
 
 
 async def test_handle_maps_decode_errors_to_reject() -> None:
-    consumer = Consumer(lambda m, c: None, inbox=_inbox(), transaction=_no_transaction)
-    receiver = KafkaConsumer("h:1", consumer, topics="t", group_id="g")
+    receiver = KafkaConsumer("h:1", idle_consumer(), topics="t", group_id="g")
     assert await receiver.handle(lambda: decode(Record([]))) is Verdict.REJECT
     assert receiver.rejected == 1
-
-
-def _inbox() -> Any:
-    from relaybox.inbox import Inbox
-
-    return Inbox(consumer="x")
-
-
-def _no_transaction() -> Any:
-    raise AssertionError("not reached")
 
 
 @pytest.mark.parametrize(
@@ -454,9 +423,8 @@ def test_parses_bootstrap_servers(given: str, servers: str) -> None:
 def test_checks_its_options(options: dict[str, Any], error: str) -> None:
     arguments: dict[str, Any] = {"topics": "t", "group_id": "g", **options}
     bootstrap = arguments.pop("bootstrap", "h:1")
-    consumer = Consumer(lambda m, c: None, inbox=_inbox(), transaction=_no_transaction)
     with pytest.raises(ConfigurationError, match=error):
-        KafkaConsumer(bootstrap, consumer, **arguments)
+        KafkaConsumer(bootstrap, idle_consumer(), **arguments)
 
 
 async def test_start_fails_clearly_without_a_broker(world: InboxWorld) -> None:

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 from relaybox.consumers.base import BrokerConsumer, Verdict
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
+from relaybox.core.retry import RetryPolicy
 from relaybox.core.urls import mask_password
 from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError
 from relaybox.inbox.consumer import Consumer
@@ -170,6 +171,7 @@ class AmqpConsumer(BrokerConsumer):
         self.prefetch = prefetch
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
+        self._delays = RetryPolicy(base_delay=retry_delay, max_delay=max_retry_delay)
         self.timeout = timeout
         self.reconnect_wait = reconnect_wait
         self.name = name
@@ -204,7 +206,7 @@ class AmqpConsumer(BrokerConsumer):
 
         if verdict is Verdict.RETRY:
             self._failures += 1
-            await asyncio.sleep(self._retry_delay())
+            await asyncio.sleep(self._delays.nominal_delay(self._failures))
         else:
             self._failures = 0
         try:
@@ -220,9 +222,6 @@ class AmqpConsumer(BrokerConsumer):
                 verdict.value, self.queue, error,
                 extra={"action": "settle_failed", "broker": "amqp"},
             )  # fmt: skip
-
-    def _retry_delay(self) -> float:
-        return min(self.retry_delay * 2.0 ** min(self._failures - 1, 30), self.max_retry_delay)
 
     # -- connecting and subscribing ---------------------------------------------------
 

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from relaybox.consumers.base import BrokerConsumer, Verdict
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
+from relaybox.core.retry import RetryPolicy
 from relaybox.errors import BrokerUnavailableError, ConfigurationError, EnvelopeError
 from relaybox.inbox.consumer import Consumer
 from relaybox.publishers.kafka import DEFAULT_PORT, PREFIX
@@ -185,6 +186,7 @@ class KafkaConsumer(BrokerConsumer):
         self.group_id = group_id
         self.retry_backoff = retry_backoff
         self.max_retry_backoff = max_retry_backoff
+        self._delays = RetryPolicy(base_delay=retry_backoff, max_delay=max_retry_backoff)
         self.max_records = max_records
         self._settings: dict[str, Any] = {
             "client_id": client_id,
@@ -223,7 +225,7 @@ class KafkaConsumer(BrokerConsumer):
                     if records:
                         self._dispatch(kafka, partition, records)
         finally:
-            await self._abandon(list(self._workers))
+            await self._abandon()
             self._kafka = None
             await kafka.stop()
 
@@ -361,9 +363,8 @@ class KafkaConsumer(BrokerConsumer):
         previous_offset, count = self._failures.get(partition, (offset, 0))
         count = count + 1 if previous_offset == offset else 1
         self._failures[partition] = (offset, count)
-        delay = min(self.max_retry_backoff, self.retry_backoff * 2 ** (count - 1))
         with contextlib.suppress(TimeoutError):  # or cut short by a revocation
-            await asyncio.wait_for(stopping.wait(), timeout=delay)
+            await asyncio.wait_for(stopping.wait(), timeout=self._delays.nominal_delay(count))
 
     # -- rebalances and shutdown ------------------------------------------------------
 
@@ -382,10 +383,10 @@ class KafkaConsumer(BrokerConsumer):
         for partition in revoked:
             self._failures.pop(partition, None)
 
-    async def _abandon(self, partitions: list[TopicPartition]) -> None:
+    async def _abandon(self) -> None:
         """On shutdown: a record being processed is abandoned unacknowledged (its
         transaction rolled back, or committed: either way it is safe to deliver again)."""
-        tasks = [self._workers[p].task for p in partitions if p in self._workers]
+        tasks = [worker.task for worker in self._workers.values()]
         for task in tasks:
             task.cancel()
         if tasks:

@@ -61,12 +61,12 @@ import contextlib
 import functools
 import logging
 import ssl
-import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from relaybox.consumers.base import BrokerConsumer, Verdict
 from relaybox.core.incoming import Incoming
+from relaybox.core.retry import RetryPolicy
 from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError
 from relaybox.inbox.consumer import Consumer
 from relaybox.publishers.options import BrokerUrl
@@ -167,8 +167,8 @@ class MqttConsumer(BrokerConsumer):
         self.host = parsed.host
         self.port = parsed.port(8883 if parsed.scheme == "mqtts" else 1883)
         self.tls = parsed.scheme == "mqtts"
-        self._username = _unquoted(parsed.parts.username)
-        self._password = _unquoted(parsed.parts.password)
+        self._username = parsed.username
+        self._password = parsed.password
         self._masked = parsed.masked()
         self.client_id = client_id
         self.qos = qos
@@ -177,6 +177,7 @@ class MqttConsumer(BrokerConsumer):
         self.timeout = timeout
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
+        self._delays = RetryPolicy(base_delay=retry_delay, max_delay=max_retry_delay)
         self.reconnect_wait = reconnect_wait
 
     # -- the loop ---------------------------------------------------------------------
@@ -225,7 +226,7 @@ class MqttConsumer(BrokerConsumer):
         failures = 0
         while (verdict := await self.handle(functools.partial(decode, message))) is Verdict.RETRY:
             failures += 1
-            await asyncio.sleep(self._retry_delay(failures))
+            await asyncio.sleep(self._delays.nominal_delay(failures))
             if not session.alive:
                 raise aiomqtt.MqttError("disconnected while retrying a message")
         return verdict
@@ -239,9 +240,6 @@ class MqttConsumer(BrokerConsumer):
                 verdict.value, message.mid, message.topic,
                 extra={"action": "settle_failed", "broker": "mqtt"},
             )  # fmt: skip
-
-    def _retry_delay(self, failures: int) -> float:
-        return min(self.retry_delay * 2.0 ** min(failures - 1, 30), self.max_retry_delay)
 
     # -- connecting and subscribing ---------------------------------------------------
 
@@ -288,10 +286,6 @@ class MqttConsumer(BrokerConsumer):
                     "MQTT broker granted QoS %d, not %d, for %s", value, self.qos, topic,
                     extra={"action": "qos_downgraded", "broker": "mqtt"},
                 )  # fmt: skip
-
-
-def _unquoted(text: str | None) -> str | None:
-    return None if text is None else urllib.parse.unquote(text)
 
 
 class _Session:

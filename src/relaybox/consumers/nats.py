@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from relaybox.consumers.base import BrokerConsumer, Verdict
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
+from relaybox.core.retry import RetryPolicy
 from relaybox.core.urls import mask_password
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
 from relaybox.inbox.consumer import Consumer
@@ -151,6 +152,7 @@ class NatsConsumer(BrokerConsumer):
         self.max_deliver = max_deliver
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
+        self._delays = RetryPolicy(base_delay=retry_delay, max_delay=max_retry_delay)
         self.deliver: DeliverFrom = deliver
         self.connect_timeout = connect_timeout
         self.reconnect_wait = reconnect_wait
@@ -199,7 +201,8 @@ class NatsConsumer(BrokerConsumer):
             if verdict is Verdict.ACK:
                 await message.ack_sync(timeout=self.ack_timeout)
             elif verdict is Verdict.RETRY:
-                await message.nak(delay=self._retry_delay(message))
+                deliveries = _delivery_count(message) or 1
+                await message.nak(delay=self._delays.nominal_delay(deliveries))
             else:
                 await message.term()
         except (nats.errors.Error, TimeoutError) as error:
@@ -208,10 +211,6 @@ class NatsConsumer(BrokerConsumer):
                 verdict.value, self.stream, error,
                 extra={"action": "settle_failed", "broker": "nats"},
             )  # fmt: skip
-
-    def _retry_delay(self, message: Msg) -> float:
-        deliveries = _delivery_count(message) or 1
-        return min(self.retry_delay * 2.0 ** min(deliveries - 1, 30), self.max_retry_delay)
 
     # -- connecting and binding -------------------------------------------------------
 

@@ -45,14 +45,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from relaybox.consumers.base import BrokerConsumer, Verdict
+from relaybox.core import envelope
+from relaybox.core.ids import instance_name
 from relaybox.core.incoming import Incoming
 from relaybox.core.urls import mask_password
 from relaybox.errors import BrokerUnavailableError, ConfigurationError, EnvelopeError
@@ -76,13 +75,9 @@ def decode(fields: Fields, *, stream: str = "", delivery_count: int | None = Non
     data = named.pop(DATA_FIELD, b"")
     payload = data.encode() if isinstance(data, str) else bytes(data)
     content_type = named.pop(CONTENT_TYPE_FIELD, None)
-    attributes: dict[str, str] = {}
-    headers: dict[str, str] = {}
-    for name, value in named.items():
-        if name.startswith(HEADER_PREFIX):
-            headers[name[len(HEADER_PREFIX) :]] = _text(value, f"field {name}")
-        else:
-            attributes[name] = _text(value, f"field {name}")
+    texts = {name: _text(value, f"field {name}") for name, value in named.items()}
+    # Here the headers carry the prefix and the attributes go by their plain names.
+    headers, attributes = envelope.split(texts, HEADER_PREFIX)
     return Incoming.from_envelope(
         attributes,
         payload,
@@ -100,11 +95,6 @@ def _text(raw: bytes | str, what: str) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise EnvelopeError(f"{what} of a stream entry is not UTF-8") from None
-
-
-def default_name() -> str:
-    """A consumer name unique to this process and instance: host, pid, random suffix."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 class RedisConsumer(BrokerConsumer):
@@ -153,7 +143,7 @@ class RedisConsumer(BrokerConsumer):
         self.url = url
         self.stream = stream
         self.group = group
-        self.name = name or default_name()
+        self.name = name or instance_name()
         self.start_id = start
         self.count = count
         self.claim_idle = claim_idle

@@ -55,3 +55,11 @@ def uuid7() -> uuid.UUID:
 def uuid7_time_ms(value: uuid.UUID) -> int:
     """The Unix time in milliseconds that a UUIDv7 carries."""
     return value.int >> 80
+
+
+def instance_name() -> str:
+    """A name unique per process and instance: host, pid and a random suffix (a relay
+    worker's, a Redis group consumer's)."""
+    import socket
+
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from relaybox.core.circuit import CircuitBreaker, CircuitState
 from relaybox.core.identifiers import DEFAULT_TABLE
+from relaybox.core.ids import instance_name
 from relaybox.core.message import Message
 from relaybox.errors import ConfigurationError
 from relaybox.ports import OutboxStorage, Publisher
@@ -35,11 +33,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Database = str | OutboxStorage
-
-
-def worker_name() -> str:
-    """Unique per process and start: host, pid and a random suffix."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 class Relay:
@@ -59,7 +52,7 @@ class Relay:
         if not brokers:
             raise ConfigurationError("a relay needs at least one broker (target name -> URL)")
         self.settings = settings or RelaySettings()
-        self.worker = worker or worker_name()
+        self.worker = worker or instance_name()
         self.table = table
         self._databases = list(databases)
         self._publishers = {
