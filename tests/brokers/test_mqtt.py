@@ -230,6 +230,13 @@ def test_reads_its_options() -> None:
     assert "p@" not in publisher._display
 
 
+def test_percent_encoded_credentials_reach_the_broker_decoded() -> None:
+    publisher = open_publisher("mqtt://app%40shop:p%2Fw%3Ad@broker.example")
+    assert isinstance(publisher, mqtt.MqttPublisher)
+    assert publisher._connect_args["username"] == "app@shop"
+    assert publisher._connect_args["password"] == "p/w:d"
+
+
 @pytest.mark.parametrize(
     ("code", "outcome"),
     [

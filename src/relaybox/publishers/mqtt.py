@@ -80,8 +80,8 @@ def from_url(url: BrokerUrl) -> MqttPublisher:
     return MqttPublisher(
         url.host,
         url.port(8883 if url.scheme == "mqtts" else 1883),
-        username=url.parts.username,
-        password=url.parts.password,
+        username=url.username,
+        password=url.password,
         tls=url.scheme == "mqtts",
         qos=qos,
         prefix=url.text("prefix", ""),

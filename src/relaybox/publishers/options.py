@@ -45,6 +45,17 @@ class BrokerUrl:
             raise ConfigurationError(f"broker URL {self.masked()!r}: {error}") from error
 
     @property
+    def username(self) -> str | None:
+        """The user, percent-decoded (`%40` is `@`), for clients that take it apart."""
+        user = self.parts.username
+        return None if user is None else urllib.parse.unquote(user)
+
+    @property
+    def password(self) -> str | None:
+        secret = self.parts.password
+        return None if secret is None else urllib.parse.unquote(secret)
+
+    @property
     def path(self) -> str:
         return self.parts.path
 
