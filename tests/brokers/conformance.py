@@ -19,7 +19,7 @@ import pytest
 
 from relaybox import Message
 from relaybox.core import envelope
-from relaybox.core.publishing import Outcome, PublishResult
+from relaybox.core.publishing import Outcome, PublishResult, transient
 from relaybox.core.records import StoredMessage
 from relaybox.core.retry import RetryPolicy
 from relaybox.ports import Publisher
@@ -176,8 +176,10 @@ class PublisherConformance:
             async with started(broker.publisher()) as publisher:
                 assert outcomes(await publisher.publish([before])) == [Outcome.ACKED]
                 await broker.stop()
-                during = await _publish_or_raise(publisher, [stored(topic, key="b")])
-                assert during == [Outcome.TRANSIENT]
+                during = await _results_or_raise(publisher, [stored(topic, key="b")])
+                assert outcomes(during) == [Outcome.TRANSIENT]
+                # ...and says the broker is unreachable, so the relay counts no attempt.
+                assert [r.unavailable for r in during] == [True], during
                 await broker.start()
                 await broker.prepare(topic)
                 after = stored(topic, key="c")
@@ -235,13 +237,19 @@ class PublisherConformance:
 async def _publish_or_raise(publisher: Publisher, batch: list[StoredMessage]) -> list[Outcome]:
     """A publish against a stopped broker: transient results, or an exception (which
     the relay counts as transient), within the publisher's own timeout."""
+    return outcomes(await _results_or_raise(publisher, batch))
+
+
+async def _results_or_raise(
+    publisher: Publisher, batch: list[StoredMessage]
+) -> Sequence[PublishResult]:
     try:
         async with asyncio.timeout(15):
-            return outcomes(await publisher.publish(batch))
+            return await publisher.publish(batch)
     except TimeoutError:
         raise AssertionError("a publish to a stopped broker hung past 15 s") from None
-    except Exception:  # noqa: BLE001 - the protocol allows any exception here
-        return [Outcome.TRANSIENT] * len(batch)
+    except Exception as error:  # noqa: BLE001 - the protocol allows any exception here
+        return [transient(repr(error))] * len(batch)
 
 
 async def _acked(publisher: Publisher, message: StoredMessage) -> bool:

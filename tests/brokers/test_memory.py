@@ -52,7 +52,7 @@ class MemoryHarness(RestartableHarness):
         yield MemoryHarness()
 
     async def stop(self) -> None:
-        self._broker.fail(error="broker stopped")
+        self._broker.down(error="broker stopped")
 
     async def start(self) -> None:
         self._broker.heal()

@@ -190,6 +190,26 @@ async def test_open_circuit_pauses_its_target_burns_no_attempts(db: OutboxDB) ->
     assert per_key(partner.published)["a1"] == list(range(5))
 
 
+async def test_an_outage_longer_than_the_retry_schedule_abandons_nothing(db: OutboxDB) -> None:
+    await db.write(messages(["a", "b", None], per_key=4))
+    publisher = MemoryPublisher()
+    down = publisher.down()
+    # The whole schedule (2 attempts, 0.05 s apart) is far shorter than the outage.
+    settings = fast_settings(
+        retry=RetryPolicy(base_delay=0.05, max_delay=0.05, max_attempts=2, jitter=0.0),
+        circuit=CircuitPolicy(failure_threshold=3, open_seconds=0.1, max_open_seconds=0.2),
+        published_retention=3600.0,
+    )
+    async with relay_of(db, publisher, settings):
+        await eventually(lambda: down.hits >= 10)  # tried, circuit opened, probed again
+        await asyncio.sleep(1.0)
+        assert await _max_attempts(db) == 0
+        publisher.heal()
+        await eventually(lambda: len(publisher.published) == 12)
+    assert await _abandoned(db) == []
+    assert per_key(publisher.published)["a"] == list(range(4))
+
+
 async def _max_attempts(db: OutboxDB) -> int:
     return max((r.attempts for r in await asyncio.to_thread(rows, db)), default=0)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from relaybox.core.circuit import CircuitBreaker, CircuitPolicy
-from relaybox.core.publishing import PublishResult, permanent, transient
+from relaybox.core.publishing import PublishResult, permanent, transient, unavailable
 from relaybox.core.records import StoredMessage
 from relaybox.core.retry import RetryPolicy
 from relaybox.publishers.memory import MemoryPublisher
@@ -60,6 +60,25 @@ async def test_a_transient_failure_stops_its_chain_and_hands_the_rest_back() -> 
     assert [(f.seq, f.error, f.retry_in) for f in settlement.failed] == [(2, "down", 4.0)]
     assert settlement.released == [3]  # not attempted, no attempt counted
     assert publisher.calls == [[1, 4], [2]]
+
+
+async def test_an_unreachable_broker_costs_no_attempt() -> None:
+    publisher = MemoryPublisher()
+    publisher.down()
+    settlement = Settlement()
+    batch = [stored(1, "a", attempts=4), stored(2, "a"), stored(3, "b", attempts=4)]
+    await delivery(publisher, max_attempts=5).run(batch, settlement)
+    assert not settlement.failed  # each was one failure from the limit
+    assert not settlement.abandoned
+    assert sorted(settlement.released) == [1, 2, 3]
+
+
+async def test_unreachable_is_not_believed_when_the_same_call_confirmed_others() -> None:
+    publisher = Recorder({2: unavailable("refused")})
+    settlement = Settlement()
+    await delivery(publisher).run([stored(1, "a"), stored(2, "b")], settlement)
+    assert settlement.published == [1]
+    assert [(f.seq, f.error) for f in settlement.failed] == [(2, "refused")]
 
 
 async def test_permanent_failures_and_exhausted_retries_are_abandoned() -> None:

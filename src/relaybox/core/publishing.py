@@ -19,6 +19,11 @@ class Outcome(enum.StrEnum):
 class PublishResult:
     outcome: Outcome
     error: str | None = None
+    #: A TRANSIENT failure because the broker could not be reached at all (not
+    #: connected, connection refused or lost before a reply). It says nothing about the
+    #: message, so it costs the message no attempt: an outage, however long, abandons
+    #: nothing (DESIGN.md guarantee 4); the target's circuit pauses it instead.
+    unavailable: bool = False
 
     @property
     def acked(self) -> bool:
@@ -30,6 +35,11 @@ ACKED = PublishResult(Outcome.ACKED)
 
 def transient(error: str) -> PublishResult:
     return PublishResult(Outcome.TRANSIENT, error)
+
+
+def unavailable(error: str) -> PublishResult:
+    """The broker is unreachable: retried without counting an attempt."""
+    return PublishResult(Outcome.TRANSIENT, error, unavailable=True)
 
 
 def permanent(error: str) -> PublishResult:

@@ -54,7 +54,14 @@ from aiormq.exceptions import (
 from pamqp.common import FieldValue
 
 from relaybox.core import envelope
-from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult, permanent, transient
+from relaybox.core.publishing import (
+    ACKED,
+    PublisherFeatures,
+    PublishResult,
+    permanent,
+    transient,
+    unavailable,
+)
 from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_password
 from relaybox.errors import BrokerError, BrokerUnavailableError
@@ -172,7 +179,7 @@ class AmqpPublisher:
             async with asyncio.timeout_at(deadline):
                 lane = await self._ready()
         except _OPENING_ERRORS as error:
-            failure = transient(f"RabbitMQ at {self._display} unavailable: {_describe(error)}")
+            failure = unavailable(f"RabbitMQ at {self._display} unavailable: {_describe(error)}")
             return [failure] * len(messages)
         sent = await asyncio.gather(*(self._send(lane, m, deadline) for m in messages))
         lost = [m for m, r in zip(messages, sent, strict=True) if isinstance(r, _ChannelLost)]
@@ -234,12 +241,12 @@ class AmqpPublisher:
         if isinstance(error, ChannelClosed | ChannelInvalidStateError):
             return self._lost(error)
         if isinstance(error, _CONNECTION_ERRORS):
-            return transient(f"connection to RabbitMQ lost: {_describe(error)}")
+            return unavailable(f"connection to RabbitMQ lost: {_describe(error)}")
         raise error
 
     def _lost(self, error: BaseException) -> PublishResult | _ChannelLost:
         if not _alive(self._connection):
-            return transient(f"connection to RabbitMQ lost: {_describe(error)}")
+            return unavailable(f"connection to RabbitMQ lost: {_describe(error)}")
         return _ChannelLost(_describe(error))
 
     async def _one_by_one(
@@ -255,7 +262,7 @@ class AmqpPublisher:
                         if lane is None or lane.channel.is_closed:
                             lane = await self._private_lane()
                 except _OPENING_ERRORS as error:
-                    results.append(transient(f"cannot reopen a channel: {_describe(error)}"))
+                    results.append(unavailable(f"cannot reopen a channel: {_describe(error)}"))
                     continue
                 result = await self._send(lane, message, deadline)
                 if isinstance(result, _ChannelLost):

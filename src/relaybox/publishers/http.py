@@ -47,7 +47,14 @@ from collections.abc import Sequence
 import httpx
 
 from relaybox.core import envelope
-from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult, permanent, transient
+from relaybox.core.publishing import (
+    ACKED,
+    PublisherFeatures,
+    PublishResult,
+    permanent,
+    transient,
+    unavailable,
+)
 from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_password
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
@@ -192,10 +199,12 @@ class HttpPublisher:
                 response = await self._client.post(self.url, content=body, headers=headers)
             except httpx.LocalProtocolError as error:  # a header h11 will not send
                 return permanent(f"webhook request refused by the HTTP client: {error}")
+            except (httpx.ConnectError, httpx.ConnectTimeout) as error:  # never sent
+                return unavailable(f"webhook unreachable: {_describe(error)}")
             except httpx.TimeoutException:
                 return transient(f"webhook timed out after {self._timeout} s")
             except httpx.TransportError as error:
-                return transient(f"webhook unreachable: {_describe(error)}")
+                return transient(f"webhook connection failed: {_describe(error)}")
         return classify(response)
 
 

@@ -31,7 +31,14 @@ from aiokafka import errors as kafka_errors
 from aiokafka.protocol.transaction import InitProducerIdRequest
 
 from relaybox.core import envelope
-from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult, permanent, transient
+from relaybox.core.publishing import (
+    ACKED,
+    PublisherFeatures,
+    PublishResult,
+    permanent,
+    transient,
+    unavailable,
+)
 from relaybox.core.records import StoredMessage
 from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError
 from relaybox.publishers.options import BrokerUrl
@@ -52,6 +59,12 @@ _PERMANENT: tuple[type[BaseException], ...] = (
     kafka_errors.InvalidTimestampError,
     kafka_errors.UnsupportedForMessageFormatError,
     kafka_errors.PolicyViolationError,
+)
+
+#: No broker could be reached: nothing is known about the record.
+_UNREACHABLE: tuple[type[BaseException], ...] = (
+    kafka_errors.KafkaConnectionError,
+    kafka_errors.NodeNotReadyError,
 )
 
 
@@ -91,7 +104,9 @@ def wire_headers(message: StoredMessage, source: str) -> list[tuple[str, bytes]]
 
 def classify(error: BaseException) -> PublishResult:
     text = f"{type(error).__name__}: {error}"
-    return permanent(text) if isinstance(error, _PERMANENT) else transient(text)
+    if isinstance(error, _PERMANENT):
+        return permanent(text)
+    return unavailable(text) if isinstance(error, _UNREACHABLE) else transient(text)
 
 
 class KafkaPublisher:
@@ -174,7 +189,27 @@ class KafkaPublisher:
         futures = [s for s in sent if isinstance(s, asyncio.Future)]
         if futures:
             await asyncio.wait(futures, timeout=max(0.0, deadline - loop.time()))
-        return [s if isinstance(s, PublishResult) else self._outcome(s) for s in sent]
+        results = [s if isinstance(s, PublishResult) else self._outcome(s) for s in sent]
+        timed_out = [r for r in results if _timed_out(r)]
+        if timed_out and not any(r.acked for r in results) and not await self._reachable():
+            # aiokafka keeps a record waiting while no broker answers, so an outage shows
+            # only as timeouts: a TCP probe of the bootstrap servers tells them apart.
+            down = unavailable(f"no Kafka broker at {self.bootstrap_servers} accepts connections")
+            results = [down if _timed_out(r) else r for r in results]
+        return results
+
+    async def _reachable(self) -> bool:
+        """Whether any bootstrap server accepts a TCP connection (within a second)."""
+        for server in self.bootstrap_servers.split(","):
+            host, _, port = server.rpartition(":")
+            try:
+                async with asyncio.timeout(1.0):
+                    _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+            except (OSError, TimeoutError, ValueError):
+                continue
+            writer.close()
+            return True
+        return False
 
     async def _send(
         self, producer: AIOKafkaProducer, message: StoredMessage, deadline: float
@@ -211,6 +246,13 @@ async def _grants_producer_ids(producer: AIOKafkaProducer) -> bool:
     except kafka_errors.KafkaError:
         return False
     return int(response.error_code) == 0
+
+
+def _timed_out(result: PublishResult) -> bool:
+    return (result.error or "").startswith(_TIMEOUTS)
+
+
+_TIMEOUTS = ("no confirm from Kafka within", "Kafka took no record for")
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -1,8 +1,9 @@
 """In-memory publishers for tests and benchmarks.
 
-`MemoryPublisher` records what it confirmed and can be told to fail (transient), reject
-(permanent), hang or slow down, for all messages or those a predicate picks, a number
-of times or until healed. `NoopPublisher` confirms everything and keeps only a count.
+`MemoryPublisher` records what it confirmed and can be told to fail (transient), be down
+(unreachable: transient, costing no attempt), reject (permanent), hang or slow down, for
+all messages or those a predicate picks, a number of times or until healed. `NoopPublisher`
+confirms everything and keeps only a count.
 """
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ import dataclasses
 import enum
 from collections.abc import Callable, Sequence
 
-from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult, permanent, transient
+from relaybox.core.publishing import (
+    ACKED,
+    PublisherFeatures,
+    PublishResult,
+    permanent,
+    transient,
+    unavailable,
+)
 from relaybox.core.records import StoredMessage
 from relaybox.ports import Publisher
 from relaybox.publishers.options import BrokerUrl
@@ -36,6 +44,7 @@ def named(name: str) -> MemoryPublisher:
 
 class FaultKind(enum.Enum):
     FAIL = "fail"
+    DOWN = "down"
     REJECT = "reject"
     HANG = "hang"
     SLOW = "slow"
@@ -82,6 +91,16 @@ class MemoryPublisher:
     ) -> Fault:
         return self._add(Fault(FaultKind.FAIL, match, times, error))
 
+    def down(
+        self,
+        match: Callable[[StoredMessage], bool] = _everything,
+        *,
+        times: int | None = None,
+        error: str = "connection refused",
+    ) -> Fault:
+        """Answer as a broker that cannot be reached (`PublishResult.unavailable`)."""
+        return self._add(Fault(FaultKind.DOWN, match, times, error))
+
     def reject(
         self, match: Callable[[StoredMessage], bool] = _everything, *, error: str = "rejected"
     ) -> Fault:
@@ -117,6 +136,8 @@ class MemoryPublisher:
         fault.hits += 1
         if fault.kind is FaultKind.FAIL:
             return transient(fault.error)
+        if fault.kind is FaultKind.DOWN:
+            return unavailable(fault.error)
         if fault.kind is FaultKind.REJECT:
             return permanent(fault.error)
         if fault.kind is FaultKind.HANG:

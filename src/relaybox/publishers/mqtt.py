@@ -46,7 +46,14 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from relaybox.core import envelope
-from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult, permanent, transient
+from relaybox.core.publishing import (
+    ACKED,
+    PublisherFeatures,
+    PublishResult,
+    permanent,
+    transient,
+    unavailable,
+)
 from relaybox.core.records import StoredMessage
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
 from relaybox.publishers.options import BrokerUrl
@@ -293,7 +300,7 @@ class MqttPublisher:
         try:
             connection = await self._connected()
         except (aiomqtt.MqttError, TimeoutError, OSError) as error:
-            return [transient(f"MQTT broker unreachable: {_describe(error)}")] * len(messages)
+            return [unavailable(f"MQTT broker unreachable: {_describe(error)}")] * len(messages)
         results = await asyncio.gather(*(self._publish_one(connection, m) for m in messages))
         if not connection.alive or any(r.error == _TIMED_OUT for r in results):
             # A half-open connection only shows as timeouts: start afresh next call.
@@ -317,7 +324,7 @@ class MqttPublisher:
             except TimeoutError:
                 return transient(_TIMED_OUT)
             except aiomqtt.MqttError as error:
-                return transient(f"MQTT connection: {_describe(error)}")
+                return unavailable(f"MQTT connection: {_describe(error)}")
         return _result(reason)
 
     def _properties(self, message: StoredMessage) -> PublishProperties:

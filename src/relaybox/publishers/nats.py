@@ -37,7 +37,14 @@ from nats.aio.msg import Msg
 from nats.errors import AuthorizationError, BadHeaderError, BadSubjectError, MaxPayloadError
 
 from relaybox.core import envelope
-from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult, permanent, transient
+from relaybox.core.publishing import (
+    ACKED,
+    PublisherFeatures,
+    PublishResult,
+    permanent,
+    transient,
+    unavailable,
+)
 from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_password
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
@@ -218,7 +225,7 @@ class NatsPublisher:
         client, acks = self._client, self._acks
         assert acks is not None
         if not client.is_connected:
-            error = transient(f"NATS connection to {self._masked} lost; reconnecting")
+            error = unavailable(f"NATS connection to {self._masked} lost; reconnecting")
             return [error] * len(messages)
         replies: list[str] = []
         try:
@@ -229,7 +236,8 @@ class NatsPublisher:
         finally:
             for reply in replies:
                 acks.forget(reply)
-        return [self._outcome(o) for o in outcomes]
+        connected = client.is_connected
+        return [self._outcome(o, connected) for o in outcomes]
 
     async def _send(
         self, client: Client, acks: _Acks, message: StoredMessage, replies: list[str]
@@ -248,12 +256,18 @@ class NatsPublisher:
         except (BadSubjectError, BadHeaderError, MaxPayloadError) as error:
             return permanent(f"NATS refused {message.topic!r}: {error}")
         except Exception as error:  # noqa: BLE001 - a lost connection fails this one only
+            if not client.is_connected:
+                return unavailable(f"NATS publish to {message.topic!r} failed: {error!r}")
             return transient(f"NATS publish to {message.topic!r} failed: {error!r}")
         return future
 
-    def _outcome(self, sent: PublishResult | asyncio.Future[PublishResult]) -> PublishResult:
+    def _outcome(
+        self, sent: PublishResult | asyncio.Future[PublishResult], connected: bool
+    ) -> PublishResult:
         if isinstance(sent, PublishResult):
             return sent
         if sent.done():
             return sent.result()
+        if not connected:  # the connection dropped while we waited
+            return unavailable(f"NATS connection to {self._masked} lost before the ack")
         return transient(f"no JetStream ack within {self._timeout} s")

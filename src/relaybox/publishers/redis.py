@@ -32,7 +32,14 @@ from redis import exceptions as redis_errors
 from redis.typing import EncodableT, FieldT
 
 from relaybox.core import envelope
-from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult, permanent, transient
+from relaybox.core.publishing import (
+    ACKED,
+    PublisherFeatures,
+    PublishResult,
+    permanent,
+    transient,
+    unavailable,
+)
 from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_password
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
@@ -83,7 +90,9 @@ def classify(error: BaseException) -> PublishResult:
         return permanent(text)
     if isinstance(error, redis_errors.ResponseError) and not isinstance(error, _TRANSIENT_REPLIES):
         return permanent(text)  # WRONGTYPE, a bad MAXLEN, an unknown command
-    return transient(text)  # connection, timeout, BUSY LOADING, OOM, READONLY
+    if isinstance(error, redis_errors.ConnectionError | ConnectionError):
+        return unavailable(text)  # refused, reset, closed: the server is not there
+    return transient(text)  # timeout, BUSY LOADING, OOM, READONLY
 
 
 class RedisPublisher:

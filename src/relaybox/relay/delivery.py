@@ -5,6 +5,11 @@ is a chain of its own. Each wave sends the head of every chain, so one publish c
 never carries two messages of one key: a key's next message goes out only after the
 broker confirmed the previous one. When a message fails, the rest of its chain is
 handed back untouched (no attempt counted) and stays behind it in the table.
+
+A transient failure counts an attempt against its message, except when the broker
+could not be reached at all (`PublishResult.unavailable`, and no message of the call
+confirmed): then the message is handed back as it was and the target's circuit counts
+the failure, so an outage longer than the whole retry schedule abandons nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from relaybox.core.circuit import CircuitBreaker, CircuitState
-from relaybox.core.publishing import Outcome, PublishResult, transient
+from relaybox.core.publishing import Outcome, PublishResult, transient, unavailable
 from relaybox.core.records import Failure, StoredMessage
 from relaybox.core.retry import RetryPolicy
 from relaybox.ports import Publisher
@@ -109,7 +114,7 @@ class Delivery:
         if result.outcome is Outcome.PERMANENT:
             out.abandoned.append(Failure(message.seq, error))
             return True  # abandoned is final: the key's next message may follow it
-        if result is _OPEN:
+        if result.unavailable:  # the target is down (or paused): no fault of the message
             out.released.append(message.seq)
             return False
         failures = message.attempts + 1
@@ -154,6 +159,9 @@ class Delivery:
         results = await self._call(self._publishers[target], batch)
         if any(r.outcome is Outcome.ACKED for r in results):
             circuit.record_success()
+            # The broker confirmed others of this call: it is up, so a failure here is
+            # the message's own and counts an attempt, whatever the publisher thought.
+            results = [_counted(r) if r.unavailable else r for r in results]
         elif all(r.outcome is Outcome.TRANSIENT for r in results):
             circuit.record_failure()
             if circuit.state is CircuitState.OPEN:
@@ -179,5 +187,9 @@ class Delivery:
         return results
 
 
-#: Not a failure of the message: its target paused. Compared by identity.
-_OPEN = PublishResult(Outcome.TRANSIENT, "circuit open")
+def _counted(result: PublishResult) -> PublishResult:
+    return PublishResult(Outcome.TRANSIENT, result.error)
+
+
+#: Not a failure of the message: its target paused.
+_OPEN = unavailable("circuit open")
