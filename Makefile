@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install check lint types imports test demo bench clean
+.PHONY: install check lint types imports test demo bench chaos soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,15 @@ demo: install
 bench: install
 	$(BIN)/python benchmarks/writer_overhead.py
 	$(BIN)/python benchmarks/relay_driver.py
+
+# The chaos suite at full length (minutes; 100,000+ messages, 80+ faults); `make test`
+# runs each scenario short. Reports are printed and kept in chaos-reports/.
+chaos: install
+	RELAYBOX_CHAOS=full RELAYBOX_CHAOS_REPORTS=chaos-reports $(BIN)/pytest -s -p no:cacheprovider tests/chaos
+
+# 30 minutes at 2,000 msg/s through PostgreSQL and NATS: relay memory and publish lag.
+soak: install
+	$(BIN)/python benchmarks/soak.py --out soak-report.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -85,6 +85,12 @@ async def serve(relay: Relay, *, max_seconds: float | None = None) -> None:
 @click.option("--max-attempts", default=10, show_default=True)
 @click.option("--circuit-threshold", default=5, show_default=True)
 @click.option("--circuit-open", default=5.0, show_default=True, help="Seconds before a probe.")
+@click.option(
+    "--circuit-max-open",
+    default=60.0,
+    show_default=True,
+    help="Longest pause between probes (each failed probe doubles it).",
+)
 @click.option("--idle-interval", default=1.0, show_default=True)
 @click.option(
     "--published-retention",
@@ -101,7 +107,8 @@ def relay(
     databases: tuple[str, ...], brokers: tuple[str, ...], table: str, batch_size: int,
     max_in_flight: int, lease_seconds: float, publish_timeout: float, partitions: int,
     no_partition_leases: bool, retry_base: float, retry_max: float, retry_jitter: float,
-    max_attempts: int, circuit_threshold: int, circuit_open: float, idle_interval: float,
+    max_attempts: int, circuit_threshold: int, circuit_open: float, circuit_max_open: float,
+    idle_interval: float,
     published_retention: float, abandoned_retention: float, cleanup_interval: float,
     shutdown_timeout: float, max_seconds: float | None, log_level: str,
 ) -> None:  # fmt: skip
@@ -117,7 +124,7 @@ def relay(
             retry=RetryPolicy(base_delay=retry_base, max_delay=retry_max, jitter=retry_jitter,
                               max_attempts=max_attempts),
             circuit=CircuitPolicy(failure_threshold=circuit_threshold, open_seconds=circuit_open,
-                                  max_open_seconds=max(circuit_open, 60.0)),
+                                  max_open_seconds=max(circuit_open, circuit_max_open)),
             idle_interval=idle_interval, min_poll_interval=min(0.01, idle_interval),
             published_retention=published_retention, abandoned_retention=abandoned_retention,
             cleanup_interval=cleanup_interval, shutdown_timeout=shutdown_timeout,

@@ -1,0 +1,187 @@
+"""Throwaway servers and a TCP proxy for the chaos suite; never the shared services.
+
+`ThrowawayPostgres` runs its own PostgreSQL 15 cluster (initdb into a temporary
+directory, as the postgres user, on a free port) that a test can crash and start again;
+`Proxy` forwards one TCP port to another and can cut every connection through it, refuse
+new ones for a while, or slow them down. NATS comes from `relaybox.embedded_nats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from tests.brokers.harness import free_port
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+class ThrowawayPostgres:
+    """A private PostgreSQL server; `crash()` stops it as a power cut would (immediate
+    shutdown: no checkpoint, crash recovery on the next start), `start()` brings it back
+    on the same port and data."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="relaybox-chaos-pg-"))
+        self.data = self.dir / "data"
+        self._process: subprocess.Popen[bytes] | None = None
+        self._user = "postgres" if os.geteuid() == 0 else None
+        if self._user is not None:
+            entry = pwd.getpwnam(self._user)
+            os.chown(self.dir, entry.pw_uid, entry.pw_gid)
+        subprocess.run(
+            [str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
+             "--no-sync", "-E", "UTF8"],
+            user=self._user, check=True, capture_output=True,
+        )  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def url_via(self, port: int) -> str:
+        return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+    def start(self) -> None:
+        if self._process is not None:
+            return
+        log = (self.dir / "server.log").open("ab")
+        self._process = subprocess.Popen(
+            [str(PG_BIN / "postgres"), "-D", str(self.data), "-p", str(self.port),
+             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.dir}",
+             "-c", "max_connections=200", "-c", "shared_buffers=128MB"],
+            user=self._user, stdout=log, stderr=log,
+        )  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + 60
+        while not self._ready():
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"throwaway PostgreSQL did not start: see {self.dir}")
+            time.sleep(0.1)
+
+    def _ready(self) -> bool:
+        result = subprocess.run(
+            [str(PG_BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port), "-q"],
+            check=False,
+        )
+        return result.returncode == 0
+
+    def crash(self) -> None:
+        """Immediate shutdown (SIGQUIT to the postmaster): like a crash, minus the disk."""
+        self._signal(signal.SIGQUIT)
+
+    def stop(self) -> None:
+        self._signal(signal.SIGINT)  # fast shutdown
+
+    def _signal(self, sig: signal.Signals) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        process.send_signal(sig)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Proxy:
+    """Forwards 127.0.0.1:`port` to 127.0.0.1:`target`, in a thread of its own.
+
+    `cut()` resets every open connection and refuses new ones until `restore()`;
+    `delay` (seconds) holds back each chunk in either direction, for a slow link."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.port = free_port()
+        self.delay = 0.0
+        self.cuts = 0
+        self._refusing = False
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"proxy-{target}", daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(
+            asyncio.start_server(self._accept, "127.0.0.1", self.port)
+        )
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            server.close()
+            for writer in list(self._writers):
+                writer.transport.abort()
+            self._loop.run_until_complete(asyncio.sleep(0))
+            self._loop.close()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._refusing:
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        pair = {writer, up_writer}
+        self._writers |= pair
+        try:
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        finally:
+            for each in pair:
+                each.transport.abort()
+            self._writers -= pair
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while data := await reader.read(65536):
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                writer.write(data)
+                await writer.drain()
+        writer.transport.abort()  # one side ended: end the other (no half-open links)
+
+    def _call(self, action: str) -> None:
+        done = threading.Event()
+
+        def run() -> None:
+            if action == "cut":
+                self._refusing = True
+                for writer in list(self._writers):
+                    writer.transport.abort()
+            else:
+                self._refusing = False
+            done.set()
+
+        self._loop.call_soon_threadsafe(run)
+        done.wait(10)
+
+    def cut(self) -> None:
+        self.cuts += 1
+        self._call("cut")
+
+    def restore(self) -> None:
+        self._call("restore")
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
