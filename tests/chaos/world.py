@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -266,6 +266,14 @@ class Relays:
         self.procs.clear()
 
 
+async def _bounded(what: str, step: Coroutine[Any, Any, object], seconds: float = 15.0) -> None:
+    try:
+        async with asyncio.timeout(seconds):
+            await step
+    except Exception as error:  # noqa: BLE001 - teardown goes on; the test's result stands
+        print(f"chaos teardown: could not {what}: {error!r}")
+
+
 class ChaosWorld:
     def __init__(self, workdir: Path, relays: int = 4) -> None:
         self.workdir = workdir
@@ -316,15 +324,13 @@ class ChaosWorld:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        # Every step is bounded: a hung step must not keep the servers running.
         for consumer in self._consumers:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+            await _bounded("stop an inbox consumer", consumer.stop())
         for conn in self._connections.values():
-            with contextlib.suppress(Exception):
-                await conn.close()
-        with contextlib.suppress(Exception):
-            if self._client is not None:
-                await self._client.close()
+            await _bounded("close a consumer's connection", conn.close())
+        if self._client is not None:
+            await _bounded("close the NATS client", self._client.close())
         await asyncio.to_thread(self.relays.stop_all)
         await asyncio.to_thread(self.nats.stop)
         await asyncio.to_thread(self.pg.destroy)

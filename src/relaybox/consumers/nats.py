@@ -179,7 +179,10 @@ class NatsConsumer(BrokerConsumer):
                     await subscription.unsubscribe()
                 client, subscription = await self._recover(client)
         finally:
-            await client.close()
+            # nats-py's close() can wait forever on a connection that is reconnecting.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.connect_timeout):
+                    await client.close()
 
     async def _consume(self, subscription: JetStreamContext.PullSubscription) -> None:
         import nats.errors
