@@ -111,6 +111,25 @@ async def test_a_failing_key_holds_back_only_itself_then_recovers_in_order(
     assert last_good < len(publisher.published) - 1
 
 
+async def test_no_claim_walks_a_deep_backlog_while_its_keys_are_in_flight(db: OutboxDB) -> None:
+    """Few keys, many rows each: every batch holds the head of every key, so a second
+    claim beside it could take nothing (and would scan the whole backlog to learn it).
+    The relay claims again only once a batch settled: no claim comes back empty."""
+    await db.write(messages(["a", "b", "c"], per_key=60))
+    publisher = MemoryPublisher()
+    publisher.slow(0.02)  # each call takes a while, as a real broker's would
+    relay = relay_of(db, publisher, fast_settings(batch_size=30, max_in_flight=2))
+    async with relay:
+        await eventually(lambda: len(publisher.published) == 180)
+        metrics = relay.processors[0].metrics
+        claims, claimed = metrics.claims, metrics.claimed
+    assert claimed == 180
+    # 6 batches of 30, plus the idle polls (every 0.05 s) after the last one until the
+    # test looks; claiming beside each batch in flight made 44-50 claims here.
+    assert claims <= 6 + 6, claims
+    assert per_key(publisher.published)["a"] == list(range(60))
+
+
 async def test_retries_follow_the_configured_backoff(db: OutboxDB) -> None:
     await db.write(messages(["k"], per_key=1))
     publisher = MemoryPublisher()

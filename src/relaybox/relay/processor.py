@@ -76,6 +76,9 @@ class Processor:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._assigned = asyncio.Event()
+        #: Whether the latest claim took two rows or more of one key (see _claim_loop).
+        self._deep = False
+        self._settled = asyncio.Event()
         if not settings.partition_leases:
             self._assigned.set()
 
@@ -102,6 +105,7 @@ class Processor:
         self._stopping.set()
         self.wake()
         self._assigned.set()
+        self._settled.set()
         # The claim loop ends after the claim it may be running (whose batch it launches,
         # so the batch is settled or released below), or when it next gets a slot.
         claim_loop = self._tasks[:1]
@@ -134,6 +138,15 @@ class Processor:
             if self._stopping.is_set():  # stop() came while we waited for a slot
                 self._slots.release()
                 return
+            if self._deep and self._deliveries:
+                # The batch in flight holds several rows of one key: the backlog is deep
+                # per key, so it likely holds the head of every key there is, and a
+                # claim now would walk the whole backlog to find nothing it may take
+                # (seconds at 100k rows). Claim again once a batch has settled.
+                self._slots.release()
+                self._settled.clear()
+                await self._settled.wait()
+                continue
             try:
                 claim = await self._claim()
             except RelayboxError as error:
@@ -146,6 +159,7 @@ class Processor:
                 waker.found_nothing()
             else:
                 waker.found_work()
+                self._deep = _deep(claim.messages)
                 self._launch(claim)
             if self._probe_in is not None:  # come back when an open circuit may be probed
                 waker.wait_at_most(self._probe_in)
@@ -193,6 +207,7 @@ class Processor:
         def done(finished: asyncio.Task[None]) -> None:
             self._deliveries.discard(finished)
             self._slots.release()
+            self._settled.set()
             self.wake()  # a slot is free: there may be more to claim
 
         task.add_done_callback(done)
@@ -353,6 +368,17 @@ class Processor:
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
+
+
+def _deep(messages: Iterable[StoredMessage]) -> bool:
+    seen: set[tuple[str, str]] = set()
+    for message in messages:
+        if message.key is not None:
+            chain = (message.target, message.key)
+            if chain in seen:
+                return True
+            seen.add(chain)
+    return False
 
 
 def _hold_back(
