@@ -43,6 +43,7 @@ deleted, or the server lost its data) is created again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -181,7 +182,11 @@ class RedisConsumer(BrokerConsumer):
                 else:
                     lost_group = False
         finally:
-            await client.aclose()
+            # Closing a client cancelled in the middle of a blocking read can wait
+            # forever (seen once in CI): bounded, like the NATS consumer's close.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(5.0):
+                    await client.aclose()
 
     async def _consume(self, client: aioredis.Redis) -> None:
         next_claim = 0.0
