@@ -26,3 +26,13 @@ def machine() -> dict[str, object]:
         "platform": platform.platform(),
         "postgresql": server,
     }
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far (Linux /proc), 0 if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

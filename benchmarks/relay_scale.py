@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PG_URL, machine
+from _common import PG_URL, cpu_seconds, machine
 
 from relaybox import bench
 from relaybox.core.ids import uuid7
@@ -232,16 +232,6 @@ async def stop(relays: list[RelayProcess], timeout: float) -> list[int | None]:
                 os.kill(relay.process.pid, signal.SIGKILL)
             await relay.process.wait()
     return [relay.process.returncode for relay in relays]
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process so far (Linux /proc), 0 if it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def until_ready(watch: Any, cfg: Config, workers: list[str], lock_key: int) -> None:

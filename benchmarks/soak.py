@@ -83,10 +83,10 @@ from typing import Any
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PG_URL, machine
+from _common import PG_URL, cpu_seconds, machine
 
 from relaybox import Message, Outbox
-from relaybox.bench import SIDE_TABLES
+from relaybox.bench import SIDE_TABLES, percentiles
 from relaybox.consumers.nats import decode
 from relaybox.core.identifiers import index_prefix
 from relaybox.embedded_nats import EmbeddedNats
@@ -101,7 +101,6 @@ WRITERS_LATE_SECONDS = 300.0  # how long writers that fell behind may take to fi
 RELAY_STOP_SECONDS = 20.0  # > the relay's --shutdown-timeout (10 s)
 STREAM_MAX_AGE = 300.0  # the consumer reads live; older messages only fill the disk
 NAN = math.nan
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # -- the writer process ---------------------------------------------------------------
@@ -289,12 +288,11 @@ def stop_process(process: subprocess.Popen[bytes], grace: float = RELAY_STOP_SEC
 
 
 def proc_status(pid: int | None) -> dict[str, int]:
-    """VmRSS and VmHWM in KiB, and CPU seconds in clock ticks (utime + stime)."""
+    """VmRSS and VmHWM in KiB."""
     if pid is None:
         return {}
     try:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return {}
     found = {}
@@ -302,7 +300,6 @@ def proc_status(pid: int | None) -> dict[str, int]:
         name, _, value = line.partition(":")
         if name in ("VmRSS", "VmHWM"):
             found[name] = int(value.split()[0])
-    found["ticks"] = int(stat[11]) + int(stat[12])  # fields 14 and 15 of /proc/PID/stat
     return found
 
 
@@ -476,22 +473,23 @@ async def _sample(
 ) -> dict[str, Any]:  # fmt: skip
     status = proc_status(relay.pid)
     window, receiver.window = receiver.window, []
-    lags = sorted(
+    lags = [
         receiver.arrived[n] - commits.returned[n // run.args.batch]
         for n in window
         if not math.isnan(commits.returned[n // run.args.batch])
-    )
+    ]
+    window_lag = percentiles(lags)
     return {
         "rss_kib": status.get("VmRSS"),
         "rss_hwm_kib": status.get("VmHWM"),
-        "relay_cpu_s": round(status.get("ticks", 0) / CLOCK_TICKS, 1),
+        "relay_cpu_s": round(cpu_seconds(relay.pid), 1),
         "nats_rss_kib": proc_status(server.pid).get("VmRSS"),
         "vacuums": len(run.vacuums),
         "written": commits.committed() * run.args.batch,
         "received": receiver.count,
         "window_messages": len(lags),
-        "window_lag_p99_ms": _ms(percentile(lags, 0.99)),
-        "window_lag_max_ms": _ms(lags[-1] if lags else None),
+        "window_lag_p99_ms": window_lag["p99_ms"],
+        "window_lag_max_ms": window_lag["max_ms"],
         **await table_state(db, run.table),
     }
 
@@ -545,24 +543,8 @@ async def _finish_writers(writers: list[Any], stop: Any, out: Any, commits: Comm
 # -- the report -----------------------------------------------------------------------
 
 
-def percentile(ordered: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of an ascending list."""
-    if not ordered:
-        return None
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 2)
-
-
-def distribution(ordered: list[float]) -> dict[str, Any]:
-    points = {"p50": 0.5, "p95": 0.95, "p99": 0.99, "max": 1.0}
-    return {name: _ms(percentile(ordered, q)) for name, q in points.items()}
-
-
 def _received(lags: list[float]) -> dict[str, Any]:
-    return {"received": len(lags), **distribution(lags)}
+    return {"received": len(lags), **percentiles(lags)}
 
 
 def report(
@@ -592,8 +574,6 @@ def report(
                 lags.append(arrived - returned)
                 upper.append(arrived - sent)
                 per_minute.setdefault(minute, []).append(arrived - returned)
-    for values in (lags, upper, commit_times, *per_minute.values()):
-        values.sort()
     written = len(commit_times) * batch
     seconds = args.minutes * 60
     timed = [s for s in run.samples if "rss_kib" in s and s["rss_kib"] is not None]
@@ -635,10 +615,10 @@ def report(
         "undecodable": receiver.undecodable,
         "drained_after_end_s": round(run.drained - run.writing_ended, 1),
         "writers": commits.summary(),
-        "commit_ms": distribution(commit_times),
-        "vacuum_ms": distribution(sorted(run.vacuums)) | {"runs": len(run.vacuums)},
-        "lag_ms": distribution(lags),
-        "lag_from_commit_start_ms": distribution(upper),
+        "commit_ms": percentiles(commit_times),
+        "vacuum_ms": percentiles(run.vacuums) | {"runs": len(run.vacuums)},
+        "lag_ms": percentiles(lags),
+        "lag_from_commit_start_ms": percentiles(upper),
         "lag_per_minute_ms": [
             {"minute": m, "committed": c, **_received(per_minute.get(m, []))}
             for m, c in sorted(committed_per_minute.items())
