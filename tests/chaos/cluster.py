@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.brokers.harness import free_port
@@ -160,27 +161,31 @@ class Proxy:
                 await writer.drain()
         writer.transport.abort()  # one side ended: end the other (no half-open links)
 
-    def _call(self, action: str) -> None:
+    def _in_loop(self, action: Callable[[], None]) -> None:
+        """Run `action` in the proxy's own loop and wait until it ran."""
         done = threading.Event()
 
         def run() -> None:
-            if action == "cut":
-                self._refusing = True
-                for writer in list(self._writers):
-                    writer.transport.abort()
-            else:
-                self._refusing = False
+            action()
             done.set()
 
         self._loop.call_soon_threadsafe(run)
         done.wait(10)
 
+    def _cut_now(self) -> None:
+        self._refusing = True
+        for writer in list(self._writers):
+            writer.transport.abort()
+
+    def _restore_now(self) -> None:
+        self._refusing = False
+
     def cut(self) -> None:
         self.cuts += 1
-        self._call("cut")
+        self._in_loop(self._cut_now)
 
     def restore(self) -> None:
-        self._call("restore")
+        self._in_loop(self._restore_now)
 
     def close(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -61,8 +61,9 @@ def publish(name: str, outcome: Outcome, **extra: object) -> None:
     for key, value in extra.items():
         text += f"\n{key}: {value}"
     print(text)
-    out = Path(os.environ.get("RELAYBOX_CHAOS_REPORTS", "")) if FULL else None
-    if out:
+    reports = os.environ.get("RELAYBOX_CHAOS_REPORTS") if FULL else None
+    if reports:
+        out = Path(reports)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"{name}.txt").write_text(text + "\n")
 

@@ -47,6 +47,7 @@ from relaybox.embedded_nats import EmbeddedNats
 from relaybox.migrations import migrate
 from tests.chaos.checker import Delivered, Report, Written, check
 from tests.chaos.cluster import Proxy, ThrowawayPostgres
+from tests.databases import fetch_all
 
 RELAYBOX = str(Path(sys.executable).with_name("relaybox"))
 TOPIC = "chaos.orders"
@@ -415,21 +416,19 @@ class ChaosWorld:
 
     # -- the end -----------------------------------------------------------------------
 
+    async def _query(self, query: str) -> list[tuple[Any, ...]]:
+        return await asyncio.to_thread(fetch_all, self.pg.url, query)
+
     async def live_rows(self) -> int:
-        async with await psycopg.AsyncConnection.connect(self.pg.url, autocommit=True) as conn:
-            cursor = await conn.execute(
-                f"SELECT count(*) FROM {self.table} "
-                "WHERE status IN ('pending', 'processing', 'failed')"
-            )
-            row = await cursor.fetchone()
-            return int(row[0]) if row else 0
+        live = "status IN ('pending', 'processing', 'failed')"
+        ((count,),) = await self._query(f"SELECT count(*) FROM {self.table} WHERE {live}")
+        return int(count)
 
     async def abandoned(self) -> list[tuple[str, str]]:
-        async with await psycopg.AsyncConnection.connect(self.pg.url, autocommit=True) as conn:
-            cursor = await conn.execute(
-                f"SELECT id::text, last_error FROM {self.table} WHERE status = 'abandoned'"
-            )
-            return [(str(r[0]), str(r[1])) for r in await cursor.fetchall()]
+        found = await self._query(
+            f"SELECT id::text, last_error FROM {self.table} WHERE status = 'abandoned'"
+        )
+        return [(str(i), str(error)) for i, error in found]
 
     async def drained(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
@@ -489,11 +488,8 @@ class ChaosWorld:
         )
 
     async def _effects(self) -> dict[str, int]:
-        async with await psycopg.AsyncConnection.connect(self.pg.url, autocommit=True) as conn:
-            cursor = await conn.execute(
-                "SELECT message_id, count(*) FROM effects GROUP BY message_id"
-            )
-            return {str(r[0]): int(r[1]) for r in await cursor.fetchall()}
+        found = await self._query("SELECT message_id, count(*) FROM effects GROUP BY message_id")
+        return {str(i): int(n) for i, n in found}
 
     def _recoveries(self, committed_at: dict[str, float], published_at: dict[str, float]) -> None:
         """Per fault: from its end until every message committed before its end was

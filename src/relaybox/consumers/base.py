@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Self
 
 from relaybox.core.incoming import Incoming
@@ -101,3 +101,12 @@ class BrokerConsumer(abc.ABC):
             )  # fmt: skip
             return Verdict.RETRY
         return Verdict.ACK
+
+
+async def close_within(closing: Awaitable[object], seconds: float) -> None:
+    """Await a client's close for at most `seconds`, ignoring its errors. A consumer that
+    stops must stop: nats-py's close can wait forever on a connection that is
+    reconnecting, and redis-py's on one cancelled in the middle of a blocking read."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(seconds):
+            await closing

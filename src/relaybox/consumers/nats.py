@@ -42,7 +42,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from relaybox.consumers.base import BrokerConsumer, Verdict
+from relaybox.consumers.base import BrokerConsumer, Verdict, close_within
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
 from relaybox.core.retry import RetryPolicy
@@ -179,10 +179,7 @@ class NatsConsumer(BrokerConsumer):
                     await subscription.unsubscribe()
                 client, subscription = await self._recover(client)
         finally:
-            # nats-py's close() can wait forever on a connection that is reconnecting.
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(self.connect_timeout):
-                    await client.close()
+            await close_within(client.close(), self.connect_timeout)
 
     async def _consume(self, subscription: JetStreamContext.PullSubscription) -> None:
         import nats.errors

@@ -43,14 +43,13 @@ deleted, or the server lost its data) is created again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from relaybox.consumers.base import BrokerConsumer, Verdict
+from relaybox.consumers.base import BrokerConsumer, Verdict, close_within
 from relaybox.core import envelope
 from relaybox.core.ids import instance_name
 from relaybox.core.incoming import Incoming
@@ -182,11 +181,7 @@ class RedisConsumer(BrokerConsumer):
                 else:
                     lost_group = False
         finally:
-            # Closing a client cancelled in the middle of a blocking read can wait
-            # forever (seen once in CI): bounded, like the NATS consumer's close.
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(5.0):
-                    await client.aclose()
+            await close_within(client.aclose(), 5.0)  # (a CI run once hung here)
 
     async def _consume(self, client: aioredis.Redis) -> None:
         next_claim = 0.0

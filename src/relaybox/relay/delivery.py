@@ -161,7 +161,9 @@ class Delivery:
             circuit.record_success()
             # The broker confirmed others of this call: it is up, so a failure here is
             # the message's own and counts an attempt, whatever the publisher thought.
-            results = [_counted(r) if r.unavailable else r for r in results]
+            results = [
+                dataclasses.replace(r, unavailable=False) if r.unavailable else r for r in results
+            ]
         elif all(r.outcome is Outcome.TRANSIENT for r in results):
             circuit.record_failure()
             if circuit.state is CircuitState.OPEN:
@@ -185,10 +187,6 @@ class Delivery:
         if len(results) != len(batch):
             return [transient("publisher returned a wrong number of results")] * len(batch)
         return results
-
-
-def _counted(result: PublishResult) -> PublishResult:
-    return PublishResult(Outcome.TRANSIENT, result.error)
 
 
 #: Not a failure of the message: its target paused.
