@@ -307,8 +307,31 @@ async def test_a_blocked_key_does_not_use_up_the_claim_limit(backend: Backend) -
     assert [m.key for m in rest.messages] == ["good", None]
 
 
+async def test_a_blocked_backlog_far_longer_than_the_claim_hides_no_other_row(
+    backend: Backend,
+) -> None:
+    # PostgreSQL reads a window of 4 x limit rows, then looks past it by key heads and
+    # keyless rows: behind 40 blocked rows, the others are found, in order, and the
+    # blocked key's rows come later in their own order.
+    await write(backend, *[msg("bad") for _ in range(40)], msg("good"), msg(None), msg("other"))
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
+    (head,) = claim.messages
+    await backend.storage.mark_failed(claim.token, [Failure(head.seq, "nope", 1.5)])
+    rest = await backend.storage.claim("w1", limit=3, lease_seconds=LEASE)
+    assert [m.key for m in rest.messages] == ["good", None, "other"]
+    assert not (await backend.storage.claim("w1", limit=3, lease_seconds=LEASE)).messages
+    await asyncio.sleep(1.6)
+    taken: list[int] = []
+    while (claim := await backend.storage.claim("w1", limit=3, lease_seconds=LEASE)).messages:
+        assert {m.key for m in claim.messages} == {"bad"}
+        taken.extend(m.seq for m in claim.messages)
+        await backend.storage.mark_published(claim.token, [m.seq for m in claim.messages])
+    assert len(taken) == 40
+    assert taken == sorted(taken)
+
+
 async def test_a_key_leased_elsewhere_does_not_use_up_the_claim_limit(backend: Backend) -> None:
-    await write(backend, *[msg("busy") for _ in range(4)], msg("free"))
+    await write(backend, *[msg("busy") for _ in range(30)], msg("free"))
     first = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
     assert [m.key for m in first.messages] == ["busy"]
     other = await backend.another()

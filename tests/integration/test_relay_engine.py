@@ -130,6 +130,27 @@ async def test_no_claim_walks_a_deep_backlog_while_its_keys_are_in_flight(db: Ou
     assert per_key(publisher.published)["a"] == list(range(60))
 
 
+async def test_claims_beside_full_batches_back_off_while_they_find_nothing(db: OutboxDB) -> None:
+    """As many keys as a batch holds: each batch takes the head of every key and
+    repeats none, so a claim beside it finds nothing. After such a claim the relay
+    waits for 1, 2, 4 ... batches to settle before it tries again."""
+    keys = [f"k{i}" for i in range(30)]
+    await db.write(messages(keys, per_key=8))
+    publisher = MemoryPublisher()
+    publisher.slow(0.05)
+    relay = relay_of(db, publisher, fast_settings(batch_size=30, max_in_flight=2))
+    async with relay:
+        await eventually(lambda: len(publisher.published) == 240)
+        metrics = relay.processors[0].metrics
+        claims, claimed = metrics.claims, metrics.claimed
+    assert claimed == 240
+    # 8 full batches, empty claims beside batches 1, 2, 4 and 8 at most, and the idle
+    # polls after the last; claiming beside every batch in flight made 40-43 here.
+    assert claims <= 8 + 4 + 6, claims
+    order = per_key(publisher.published)
+    assert all(order[key] == list(range(8)) for key in keys)
+
+
 async def test_retries_follow_the_configured_backoff(db: OutboxDB) -> None:
     await db.write(messages(["k"], per_key=1))
     publisher = MemoryPublisher()

@@ -76,8 +76,14 @@ class Processor:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._assigned = asyncio.Event()
-        #: Whether the latest claim took two rows or more of one key (see _claim_loop).
+        #: Whether the latest claim took two rows or more of one key, and whether it was
+        #: full (see _claim_loop).
         self._deep = False
+        self._full = False
+        #: Claims beside a full batch in flight that came back empty, in a row, and how
+        #: many batches must settle before the next claim beside one (see _claim_loop).
+        self._futile = 0
+        self._hold = 0
         self._settled = asyncio.Event()
         if not settings.partition_leases:
             self._assigned.set()
@@ -138,15 +144,17 @@ class Processor:
             if self._stopping.is_set():  # stop() came while we waited for a slot
                 self._slots.release()
                 return
-            if self._deep and self._deliveries:
-                # The batch in flight holds several rows of one key: the backlog is deep
-                # per key, so it likely holds the head of every key there is, and a
-                # claim now would walk the whole backlog to find nothing it may take
-                # (seconds at 100k rows). Claim again once a batch has settled.
+            if self._deliveries and (self._deep or self._hold):
+                # A claim beside the batch in flight would likely take nothing: that
+                # batch holds several rows of one key (the backlog is deep per key, so
+                # it likely holds the head of every key), or such claims came back
+                # empty beside full batches (every key this relay may take has its
+                # head in flight). Claim again once a batch has settled.
                 self._slots.release()
                 self._settled.clear()
                 await self._settled.wait()
                 continue
+            beside = bool(self._deliveries) and self._full
             try:
                 claim = await self._claim()
             except RelayboxError as error:
@@ -157,9 +165,16 @@ class Processor:
             if claim is None or not claim.messages:
                 self._slots.release()
                 waker.found_nothing()
+                if beside and claim is not None:
+                    # Wait for 1, 2, 4 ... 32 batches to settle before the next try.
+                    self._futile = min(self._futile + 1, 6)
+                    self._hold = 2 ** (self._futile - 1)
             else:
                 waker.found_work()
                 self._deep = _deep(claim.messages)
+                self._full = len(claim.messages) >= self._settings.batch_size
+                if beside or not self._full:
+                    self._futile = 0  # a claim beside one paid off, or the backlog is gone
                 self._launch(claim)
             if self._probe_in is not None:  # come back when an open circuit may be probed
                 waker.wait_at_most(self._probe_in)
@@ -207,6 +222,7 @@ class Processor:
         def done(finished: asyncio.Task[None]) -> None:
             self._deliveries.discard(finished)
             self._slots.release()
+            self._hold = max(0, self._hold - 1)
             self._settled.set()
             self.wake()  # a slot is free: there may be more to claim
 
