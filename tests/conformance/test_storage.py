@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import random
+import time
 import uuid
+
+import pytest
 
 from relaybox import Message
 from relaybox.core.lifecycle import Status
@@ -310,23 +314,25 @@ async def test_a_blocked_key_does_not_use_up_the_claim_limit(backend: Backend) -
 async def test_a_blocked_backlog_far_longer_than_the_claim_hides_no_other_row(
     backend: Backend,
 ) -> None:
-    # PostgreSQL reads a window of 4 x limit rows, then looks past it by key heads and
-    # keyless rows: behind 40 blocked rows, the others are found, in order, and the
-    # blocked key's rows come later in their own order.
-    await write(backend, *[msg("bad") for _ in range(40)], msg("good"), msg(None), msg("other"))
+    # PostgreSQL reads a window of 4 x limit rows, then looks past it by key heads (with
+    # the runs behind them) and keyless rows: behind 150 blocked rows, one claim finds
+    # the others, in order, and none of the blocked rows is handed out.
+    await write(backend, *[msg("bad") for _ in range(150)])
+    await write(backend, msg("good"), msg("good"), msg(None), msg("other"))
     claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
     (head,) = claim.messages
-    await backend.storage.mark_failed(claim.token, [Failure(head.seq, "nope", 1.5)])
-    rest = await backend.storage.claim("w1", limit=3, lease_seconds=LEASE)
-    assert [m.key for m in rest.messages] == ["good", None, "other"]
-    assert not (await backend.storage.claim("w1", limit=3, lease_seconds=LEASE)).messages
-    await asyncio.sleep(1.6)
+    await backend.storage.mark_failed(claim.token, [Failure(head.seq, "nope", 3.0)])
+    found = (await backend.storage.claim("w1", limit=4, lease_seconds=LEASE)).messages
+    assert [m.key for m in found] == ["good", "good", None, "other"]
+    assert [m.seq for m in found] == sorted(m.seq for m in found)
+    assert not (await backend.storage.claim("w1", limit=4, lease_seconds=LEASE)).messages
+    await asyncio.sleep(3.2)
     taken: list[int] = []
-    while (claim := await backend.storage.claim("w1", limit=3, lease_seconds=LEASE)).messages:
+    while (claim := await backend.storage.claim("w1", limit=4, lease_seconds=LEASE)).messages:
         assert {m.key for m in claim.messages} == {"bad"}
         taken.extend(m.seq for m in claim.messages)
         await backend.storage.mark_published(claim.token, [m.seq for m in claim.messages])
-    assert len(taken) == 40
+    assert len(taken) == 150
     assert taken == sorted(taken)
 
 
@@ -451,3 +457,97 @@ async def test_a_keys_row_in_a_partition_outside_the_claim_blocks_its_later_rows
     claim = await backend.storage.claim("w", limit=10, lease_seconds=LEASE,
                                         partitions=[old_partition])  # fmt: skip
     assert [m.id for m in claim.messages] == [first.id]
+
+
+Taken = tuple[int, uuid.UUID, str | None]  # seq, message id, key
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+async def test_random_histories_keep_every_key_in_order(backend: Backend, seed: int) -> None:
+    """Random writes (some delayed), claims of random size by two workers, and settles
+    that publish, fail, abandon or release, as the relay would (a key's rows after one
+    that did not go out are released). Every claim must hand out a row only with all
+    its key's earlier unfinished rows before it in the same claim; in the end every row
+    is finished and each key was published in write order."""
+    rng = random.Random(seed)
+    workers = [backend.storage, await backend.another()]
+    written: dict[str | None, list[uuid.UUID]] = {}
+    finished: set[uuid.UUID] = set()
+    published: dict[str | None, list[uuid.UUID]] = {}
+    in_flight: list[tuple[OutboxStorage, str, list[Taken]]] = []
+    due_after: dict[uuid.UUID, float] = {}  # no claim that ends before this may take it
+
+    async def claim(worker: OutboxStorage, limit: int) -> None:
+        got = await worker.claim(f"w{workers.index(worker)}", limit=limit, lease_seconds=LEASE)
+        ended = time.monotonic()
+        taken = {m.id for m in got.messages}
+        assert all(due_after.get(i, 0.0) <= ended for i in taken), "taken before it was due"
+        held = {i for _, _, rows in in_flight for _, i, _ in rows}
+        assert not taken & held, "a row in flight was handed out again"
+        assert not taken & finished, "a finished row was handed out"
+        for message in got.messages:
+            earlier = written[message.key][: written[message.key].index(message.id)]
+            if message.key is not None:
+                assert all(i in finished or i in taken for i in earlier), message
+        if got.messages:
+            rows = [(m.seq, m.id, m.key) for m in got.messages]
+            in_flight.append((worker, got.token, rows))
+
+    async def settle(worker: OutboxStorage, token: str, rows: list[Taken]) -> None:
+        stuck: set[str | None] = set()
+        done: list[int] = []
+        released: list[int] = []
+        failed: list[Failure] = []
+        abandoned: list[Failure] = []
+        for seq, message_id, key in sorted(rows):
+            if key is not None and key in stuck:
+                released.append(seq)
+                continue
+            roll = rng.random()
+            if roll < 0.7:
+                done.append(seq)
+                finished.add(message_id)
+                published.setdefault(key, []).append(message_id)
+                continue
+            stuck.add(key)
+            if roll < 0.85:
+                failed.append(Failure(seq, "transient", rng.choice([0.0, 0.05])))
+            elif roll < 0.9:
+                abandoned.append(Failure(seq, "permanent"))
+                finished.add(message_id)
+            else:
+                released.append(seq)
+        await worker.mark_published(token, done)
+        await worker.mark_failed(token, failed)
+        await worker.abandon(token, abandoned)
+        await worker.release(token, released)
+
+    for _ in range(150):
+        action = rng.random()
+        if action < 0.35:
+            batch = [
+                msg(rng.choice(["a", "b", "c", "d", None]), delay=rng.choice([0.0, 0.0, 0.0, 0.3]))
+                for _ in range(rng.randint(1, 6))
+            ]
+            for message in batch:
+                written.setdefault(message.key, []).append(message.id)
+                due_after[message.id] = time.monotonic() + message.delay_seconds
+            await write(backend, *batch)
+        elif action < 0.7:
+            await claim(rng.choice(workers), rng.randint(1, 5))
+        elif in_flight:
+            await settle(*in_flight.pop(rng.randrange(len(in_flight))))
+    while in_flight:
+        await settle(*in_flight.pop())
+    total = sum(len(ids) for ids in written.values())
+    for _ in range(400):
+        if len(finished) == total:
+            break
+        await claim(workers[0], 5)
+        while in_flight:
+            await settle(*in_flight.pop())
+        await asyncio.sleep(0.01)
+    assert len(finished) == total
+    for key, ids in published.items():
+        if key is not None:
+            assert ids == [i for i in written[key] if i in ids], key

@@ -146,7 +146,7 @@ async def test_claims_beside_full_batches_back_off_while_they_find_nothing(db: O
     assert claimed == 240
     # 8 full batches, empty claims beside batches 1, 2, 4 and 8 at most, and the idle
     # polls after the last; claiming beside every batch in flight made 40-43 here.
-    assert claims <= 8 + 4 + 6, claims
+    assert claims <= 8 + 4 + 10, claims
     order = per_key(publisher.published)
     assert all(order[key] == list(range(8)) for key in keys)
 

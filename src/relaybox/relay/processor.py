@@ -174,7 +174,8 @@ class Processor:
                 self._deep = _deep(claim.messages)
                 self._full = len(claim.messages) >= self._settings.batch_size
                 if beside or not self._full:
-                    self._futile = 0  # a claim beside one paid off, or the backlog is gone
+                    # A claim beside one paid off, or the backlog is gone.
+                    self._futile = self._hold = 0
                 self._launch(claim)
             if self._probe_in is not None:  # come back when an open circuit may be probed
                 waker.wait_at_most(self._probe_in)

@@ -87,7 +87,7 @@ FROM (SELECT count(*) FROM key_lock) AS locked, pg_notify($18::text, '') AS woke
 ORDER BY r.ord;
 
 -- name: claim
--- One call of the claim function (migrations/0003_claim_function.sql explains it).
+-- One call of the claim function (migrations/0004_claim_window.sql explains it).
 -- $1 worker, $2 limit, $3 partitions or NULL, $4 targets or NULL, $5 token, $6 lease s,
 -- $7 the table's claim-lock key.
 SELECT * FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::text[], $5::uuid,

@@ -7,9 +7,17 @@
 -- window is full and yields fewer than p_limit rows, what lies beyond it is found
 -- without reading the blocked rows: the head of every key with a live row (one index
 -- probe per key, a loose scan of {prefix}_key_ix), and keyless rows through an index
--- of their own. Heads and keyless rows are never blocked, so taking them keeps order.
--- Cost: the window, plus one probe per key with a live row when the window is blocked;
--- never one per row.
+-- of their own. A head that may be taken brings the run of its key behind it (rows
+-- due, not in processing, in this claim's partitions, up to the first that is not);
+-- the room left is shared evenly between the heads (rounded up: the oldest win).
+-- Heads and keyless rows are never blocked, and a run is a key's rows in order from
+-- its head: order holds.
+-- Cost: the window, plus one probe per key with a live row when the window is
+-- blocked, plus the rows taken; not one per blocked row. (Rows of other partitions
+-- or of targets left out of the claim are still read and passed over in the window.)
+-- Building the keyless index reads the whole table once and holds writers back
+-- meanwhile; an outbox is small when drained, but on a big one run this migration
+-- at a quiet time (or create the index CONCURRENTLY first: IF NOT EXISTS skips it).
 
 -- Keyless live rows in seq order, so the claim finds them past a blocked window.
 CREATE INDEX IF NOT EXISTS {prefix}_keyless_ix ON {table} (seq)
@@ -30,6 +38,11 @@ DECLARE
     v_seqs bigint[];
     v_seen integer;
     v_last bigint;
+    v_room integer;
+    v_heads bigint[];
+    v_head_targets text[];
+    v_head_keys text[];
+    v_per_key integer;
 BEGIN
     IF p_partitions IS NULL THEN
         PERFORM pg_advisory_xact_lock(p_lock_key, -1);
@@ -75,44 +88,74 @@ BEGIN
     END IF;
 
     IF v_seen = v_window AND cardinality(v_seqs) < p_limit THEN
-        -- Past the window: key heads (a loose index scan, one probe per key) and
-        -- keyless rows, oldest first.
+        -- Past the window: the key heads that may be taken (a loose index scan, one
+        -- probe per key) and keyless rows, oldest first, as many as there is room for.
+        v_room := p_limit - cardinality(v_seqs);
+        SELECT coalesce(array_agg(c.seq ORDER BY c.seq), '{}'),
+               array_agg(c.target ORDER BY c.seq), array_agg(c.key ORDER BY c.seq)
+        INTO v_heads, v_head_targets, v_head_keys
+        FROM (
+            SELECT o.seq, o.target, o.key FROM (
+                WITH RECURSIVE heads AS (
+                    (SELECT k.target, k.key, k.seq FROM {table} k
+                     WHERE k.key IS NOT NULL
+                       AND k.published_at IS NULL AND k.abandoned_at IS NULL
+                     ORDER BY k.target, k.key, k.seq LIMIT 1)
+                    UNION ALL
+                    SELECT n.target, n.key, n.seq FROM heads p, LATERAL (
+                        SELECT k.target, k.key, k.seq FROM {table} k
+                        WHERE k.key IS NOT NULL
+                          AND k.published_at IS NULL AND k.abandoned_at IS NULL
+                          AND (k.target, k.key) > (p.target, p.key)
+                        ORDER BY k.target, k.key, k.seq LIMIT 1) n
+                )
+                SELECT heads.seq FROM heads WHERE heads.seq > v_last
+            ) AS head
+            JOIN {table} o ON o.seq = head.seq
+            WHERE (p_partitions IS NULL OR o.partition = ANY(p_partitions))
+              AND (p_targets IS NULL OR o.target = ANY(p_targets))
+              AND CASE WHEN o.status = 'processing' THEN o.locked_until < now()
+                       ELSE o.available_at <= now() END
+            UNION ALL
+            (SELECT o.seq, o.target, o.key FROM {table} o
+             WHERE o.key IS NULL AND o.published_at IS NULL AND o.abandoned_at IS NULL
+               AND o.seq > v_last
+               AND (p_partitions IS NULL OR o.partition = ANY(p_partitions))
+               AND (p_targets IS NULL OR o.target = ANY(p_targets))
+               AND CASE WHEN o.status = 'processing' THEN o.locked_until < now()
+                        ELSE o.available_at <= now() END
+             ORDER BY o.seq
+             LIMIT v_room)
+            ORDER BY 1
+            LIMIT v_room
+        ) AS c;
+        -- Each head brings its run: the key's rows from the head on, while each is
+        -- due, not in processing and in this claim's partitions (a head whose lease
+        -- ran out goes back alone), up to an even share of the room.
+        v_per_key := (v_room + cardinality(v_heads) - 1) / greatest(cardinality(v_heads), 1);
         v_seqs := v_seqs || ARRAY(
-            SELECT c.seq FROM (
-                SELECT o.seq FROM (
-                    WITH RECURSIVE heads AS (
-                        (SELECT k.target, k.key, k.seq FROM {table} k
-                         WHERE k.key IS NOT NULL
-                           AND k.published_at IS NULL AND k.abandoned_at IS NULL
-                         ORDER BY k.target, k.key, k.seq LIMIT 1)
-                        UNION ALL
-                        SELECT n.target, n.key, n.seq FROM heads p, LATERAL (
-                            SELECT k.target, k.key, k.seq FROM {table} k
-                            WHERE k.key IS NOT NULL
-                              AND k.published_at IS NULL AND k.abandoned_at IS NULL
-                              AND (k.target, k.key) > (p.target, p.key)
-                            ORDER BY k.target, k.key, k.seq LIMIT 1) n
-                    )
-                    SELECT heads.seq FROM heads WHERE heads.seq > v_last
-                ) AS head
-                JOIN {table} o ON o.seq = head.seq
-                WHERE (p_partitions IS NULL OR o.partition = ANY(p_partitions))
-                  AND (p_targets IS NULL OR o.target = ANY(p_targets))
-                  AND CASE WHEN o.status = 'processing' THEN o.locked_until < now()
-                           ELSE o.available_at <= now() END
+            SELECT x.seq FROM (
+                SELECT hd.seq FROM unnest(v_heads, v_head_keys) AS hd(seq, key)
+                WHERE hd.key IS NULL
                 UNION ALL
-                (SELECT o.seq FROM {table} o
-                 WHERE o.key IS NULL AND o.published_at IS NULL AND o.abandoned_at IS NULL
-                   AND o.seq > v_last
-                   AND (p_partitions IS NULL OR o.partition = ANY(p_partitions))
-                   AND (p_targets IS NULL OR o.target = ANY(p_targets))
-                   AND CASE WHEN o.status = 'processing' THEN o.locked_until < now()
-                            ELSE o.available_at <= now() END
-                 ORDER BY o.seq
-                 LIMIT p_limit)
-            ) AS c
-            ORDER BY c.seq
-            LIMIT p_limit - cardinality(v_seqs));
+                SELECT r.seq
+                FROM unnest(v_heads, v_head_targets, v_head_keys) AS hd(seq, target, key),
+                LATERAL (
+                    SELECT k.seq, bool_and(k.status <> 'processing'
+                                           AND k.available_at <= now()
+                                           AND k.partition = ANY(coalesce(
+                                               p_partitions, ARRAY[k.partition])))
+                                  OVER (ORDER BY k.seq) AS ok
+                    FROM {table} k
+                    WHERE k.target = hd.target AND k.key = hd.key AND k.seq >= hd.seq
+                      AND k.key IS NOT NULL
+                      AND k.published_at IS NULL AND k.abandoned_at IS NULL
+                    ORDER BY k.seq
+                    LIMIT v_per_key) AS r
+                WHERE hd.key IS NOT NULL AND (r.seq = hd.seq OR r.ok)
+            ) AS x
+            ORDER BY x.seq
+            LIMIT v_room);
     END IF;
 
     -- A row in processing here has an expired lease: it goes back to pending. The
