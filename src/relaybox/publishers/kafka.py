@@ -22,6 +22,7 @@ authorisation fails permanently; connection loss, timeouts and leader moves are 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -189,14 +190,16 @@ class KafkaPublisher:
         futures = [s for s in sent if isinstance(s, asyncio.Future)]
         if futures:
             await asyncio.wait(futures, timeout=max(0.0, deadline - loop.time()))
-        results = [s if isinstance(s, PublishResult) else self._outcome(s) for s in sent]
-        timed_out = [r for r in results if _timed_out(r)]
-        if timed_out and not any(r.acked for r in results) and not await self._reachable():
+        outcomes = [self._outcome(s) if isinstance(s, asyncio.Future) else s for s in sent]
+        answered = [o for o in outcomes if isinstance(o, PublishResult)]
+        if len(answered) == len(outcomes):
+            return answered
+        down: PublishResult | None = None
+        if not any(r.acked for r in answered) and not await self._reachable():
             # aiokafka keeps a record waiting while no broker answers, so an outage shows
             # only as timeouts: a TCP probe of the bootstrap servers tells them apart.
             down = unavailable(f"no Kafka broker at {self.bootstrap_servers} accepts connections")
-            results = [down if _timed_out(r) else r for r in results]
-        return results
+        return [o if isinstance(o, PublishResult) else down or transient(o.error) for o in outcomes]
 
     async def _reachable(self) -> bool:
         """Whether any bootstrap server accepts a TCP connection (within a second)."""
@@ -213,7 +216,7 @@ class KafkaPublisher:
 
     async def _send(
         self, producer: AIOKafkaProducer, message: StoredMessage, deadline: float
-    ) -> PublishResult | asyncio.Future[Any]:
+    ) -> PublishResult | _NoAnswer | asyncio.Future[Any]:
         if not valid_topic(message.topic):
             return permanent(f"invalid Kafka topic name {message.topic!r}")
         key = message.key.encode("utf-8") if message.key is not None else None
@@ -225,15 +228,15 @@ class KafkaPublisher:
                     headers=wire_headers(message, self._source),
                 )  # fmt: skip
         except TimeoutError:
-            return transient(f"Kafka took no record for {message.topic!r} within {self._timeout}s")
+            return _NoAnswer(f"Kafka took no record for {message.topic!r} within {self._timeout}s")
         except kafka_errors.KafkaError as error:
             return classify(error)
         future.add_done_callback(_retrieve)
         return future
 
-    def _outcome(self, future: asyncio.Future[Any]) -> PublishResult:
+    def _outcome(self, future: asyncio.Future[Any]) -> PublishResult | _NoAnswer:
         if not future.done():
-            return transient(f"no confirm from Kafka within {self._timeout}s")
+            return _NoAnswer(f"no confirm from Kafka within {self._timeout}s")
         error = future.exception()
         return ACKED if error is None else classify(error)
 
@@ -248,11 +251,12 @@ async def _grants_producer_ids(producer: AIOKafkaProducer) -> bool:
     return int(response.error_code) == 0
 
 
-def _timed_out(result: PublishResult) -> bool:
-    return (result.error or "").startswith(_TIMEOUTS)
+@dataclasses.dataclass(frozen=True, slots=True)
+class _NoAnswer:
+    """A record Kafka neither took nor confirmed in time: a transient failure, or the
+    broker unreachable (publish tells which)."""
 
-
-_TIMEOUTS = ("no confirm from Kafka within", "Kafka took no record for")
+    error: str
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
