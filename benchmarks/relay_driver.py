@@ -31,7 +31,7 @@ DRIVERS = {"asyncpg": PG_URL, "psycopg": PG_URL.replace("postgresql://", "postgr
 
 
 async def fill(n: int) -> None:
-    routing = Routing.of(None, None, 64)
+    routing = Routing.of(None, None)
     storage = await PostgresStorage.connect(PG_URL, table=TABLE)
     try:
         for start in range(0, n, 5000):

@@ -18,15 +18,16 @@ started; a process is "running" when it prints `relay <worker> running`. Started
 backlog, the first process would hold all 64 partitions and the others nothing until
 the first process's next heartbeat (every lease/6 = 5 s) hands them over: a drain of a
 few seconds would then measure the hand-over, not N relays. So while the processes
-start, this script holds the claim gate that every claim takes first (the exclusive
-transaction-level advisory lock (table key, -1) of the claim function, here held as a
-session lock): the relays start, heartbeat, share the partitions and each sends its
-first claim, which waits. The drain clock starts when every worker holds its fair share
-of partitions (`<table>_partitions`) and N claims wait on the gate (`pg_locks`), just
-before the gate is released; it stops at the first poll (every `--poll` s; one
-index probe of `live_ix`, `ORDER BY seq LIMIT 1`, never a count over the table) that
-finds no live row. With retention 0 a row leaves the table when its publish is settled,
-so "empty" means every message was published and settled. The processes' start-up is
+start, this script holds a gate that every claim waits on (an ACCESS EXCLUSIVE lock
+on the outbox table, in an open transaction: a relay's read, which takes no lock of its
+own, waits for it as a row-lease claim would): the relays start, heartbeat, share the
+partitions and each sends its first claim, which waits. The drain clock starts when
+every worker holds its fair share of partitions (`<table>_partitions`) and N claims
+wait on the gate (`pg_locks`), just before the gate is released; it stops at the
+first poll (every `--poll` s; one index probe of `live_ix`, `ORDER BY seq LIMIT 1`,
+never a count over the table) that finds no live row. With retention 0 a row leaves
+the table when its publish is settled, so "empty" means every message was published
+and settled. The processes' start-up is
 reported apart: `running_seconds` (spawn to the last "running" line) and
 `ready_seconds` (spawn to the gate opening, mostly waiting for the partition hand-over).
 A relay's first claim was sent before the hand-over, so it covers the partitions the
@@ -75,7 +76,7 @@ from _common import PG_URL, cpu_seconds, machine
 
 from relaybox import bench
 from relaybox.core.ids import uuid7
-from relaybox.core.partitions import DEFAULT_PARTITIONS, claim_lock_key, fair_share
+from relaybox.core.partitions import DEFAULT_PARTITIONS, fair_share
 from relaybox.migrations import migrate
 from relaybox.storage import open_storage
 from relaybox.storage.urls import DatabaseUrl
@@ -105,11 +106,10 @@ HOLDERS = (
     "SELECT owner, count(*) FROM {table}_partitions "
     "WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner"
 )
-#: Claims waiting on the gate: advisory lock (key, -1), two-int form (objsubid 2).
+#: Claims waiting on the gate: the table lock the gate holds.
 WAITING = (
-    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-    "AND objsubid = 2 AND classid::bigint = $1 AND objid::bigint = 4294967295 "
-    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND NOT granted "
+    "AND relation = $1::regclass"
 )
 
 
@@ -234,13 +234,13 @@ async def stop(relays: list[RelayProcess], timeout: float) -> list[int | None]:
     return [relay.process.returncode for relay in relays]
 
 
-async def until_ready(watch: Any, cfg: Config, workers: list[str], lock_key: int) -> None:
+async def until_ready(watch: Any, cfg: Config, workers: list[str]) -> None:
     """Every worker holds its fair share of partitions and has a claim at the gate."""
     share = fair_share(DEFAULT_PARTITIONS, len(workers))
     holders_query, deadline = HOLDERS.format(table=cfg.table), time.monotonic() + READY_TIMEOUT
     while True:
         holders = dict(await watch.fetch(holders_query))
-        waiting = await watch.fetchval(WAITING, lock_key & 0xFFFFFFFF)
+        waiting = await watch.fetchval(WAITING, cfg.table)
         balanced = (
             set(holders) == set(workers)
             and sum(holders.values()) == DEFAULT_PARTITIONS
@@ -276,12 +276,11 @@ async def relay_drain(
     cfg: Config, admin: bench.PostgresAdmin, processes: int, messages: int
 ) -> dict[str, Any]:
     filled = await fill(cfg, admin, messages)
-    lock_key = claim_lock_key(cfg.table)
     gate, watch = await admin.session(), await admin.session()
     relays: list[RelayProcess] = []
     exit_codes: list[int | None] = []
     try:
-        await gate.execute("SELECT pg_advisory_lock($1, -1)", lock_key)
+        await gate.execute(f"BEGIN; LOCK TABLE {cfg.table} IN ACCESS EXCLUSIVE MODE")
         with tempfile.TemporaryDirectory(prefix="relay_scale_") as logs:
             spawned = time.perf_counter()
             try:
@@ -291,11 +290,11 @@ async def relay_drain(
                     asyncio.gather(*(until_running(r) for r in relays)), RUNNING_TIMEOUT
                 )
                 running = time.perf_counter() - spawned
-                await until_ready(watch, cfg, [r.worker for r in relays], lock_key)
+                await until_ready(watch, cfg, [r.worker for r in relays])
                 ready = time.perf_counter() - spawned
                 cpu, relay_cpu = bench.CpuMark.now(), [cpu_seconds(r.process.pid) for r in relays]
                 started = time.perf_counter()
-                await gate.execute("SELECT pg_advisory_unlock($1, -1)", lock_key)
+                await gate.execute("COMMIT")
                 polls = await until_empty(watch, cfg, relays)
                 seconds, usage = time.perf_counter() - started, cpu.usage()
                 relay_cpu = [

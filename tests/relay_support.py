@@ -62,7 +62,7 @@ class OutboxDB:
 
 
 async def outbox_db(
-    name: str, tmp_path: Path, targets: Iterable[str] = ("default",), partitions: int = 8
+    name: str, tmp_path: Path, targets: Iterable[str] = ("default",)
 ) -> AsyncIterator[OutboxDB]:
     url = backend_url(name, tmp_path)
     table = unique_table("relay")
@@ -76,7 +76,7 @@ async def outbox_db(
             drop(url, table)
             raise
     try:
-        yield OutboxDB(name, url, table, storage, Routing.of(list(targets), None, partitions))
+        yield OutboxDB(name, url, table, storage, Routing.of(list(targets), None))
     finally:
         await storage.close()
         if name != "memory":

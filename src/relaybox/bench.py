@@ -517,7 +517,7 @@ class Workload:
         self.topic = options.topic
         template, _ = encode_payload({"n": "0" * 9, "pad": ""}, None)
         self.pad = "x" * max(0, options.payload_bytes - len(template))
-        self.routing = Routing.of(None, None, RelaySettings().partitions)
+        self.routing = Routing.of(None, None)
 
     def message(self, n: int) -> Message:
         return Message(topic=self.topic, key=f"k{n % self.keys}",

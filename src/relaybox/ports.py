@@ -7,9 +7,10 @@ suite (tests/conformance).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol, runtime_checkable
 
+from relaybox.core.partitions import DEFAULT_PARTITIONS
 from relaybox.core.publishing import PublisherFeatures, PublishResult
 from relaybox.core.records import (
     Assignment,
@@ -17,6 +18,7 @@ from relaybox.core.records import (
     Failure,
     InsertRow,
     OutboxStats,
+    Settled,
     StoredMessage,
 )
 
@@ -38,12 +40,49 @@ class OutboxStorage(Protocol):
         lease_seconds: float,
         partitions: Sequence[int] | None = None,
         targets: Sequence[str] | None = None,
+        partition_count: int = DEFAULT_PARTITIONS,
     ) -> Claim:
         """Lease up to `limit` due rows, oldest first, keeping per-(target, key) order.
 
         A row is handed out only if no earlier row of its (target, key) is still live
         outside this claim, so two workers can never publish one key out of order.
+        `partitions` are of `partition_count` (a row's partition is its stored hash
+        modulo the count); None means all. For relays without partition leases.
         """
+
+    async def read(
+        self,
+        *,
+        limit: int,
+        partitions: Sequence[int] | None = None,
+        targets: Sequence[str] | None = None,
+        partition_count: int = DEFAULT_PARTITIONS,
+        in_flight: Collection[int] = (),
+    ) -> list[StoredMessage]:
+        """Up to `limit` due rows of `partitions`, oldest first, in per-key order,
+        writing nothing: for a relay that holds these partitions by lease.
+
+        Rows whose seqs are `in_flight` (read earlier, not settled yet) are left out,
+        and so is every row whose (target, key) has an earlier row in flight, waiting (a
+        delay or a backoff) or claimed by a row-lease relay. Keys with a waiting head
+        never use up `limit` for the others, however long their backlog. Rows come in
+        seq order.
+        """
+
+    async def settle_owned(
+        self,
+        worker: str,
+        *,
+        partition_count: int = DEFAULT_PARTITIONS,
+        failed: Sequence[Failure] = (),
+        abandoned: Sequence[Failure] = (),
+        published: Sequence[int] = (),
+        delete: bool = True,
+    ) -> Settled:
+        """Record, atomically, what happened to rows `worker` read: count a failed
+        attempt (due again after `retry_in`), abandon, publish (delete, or keep with
+        `delete=False`). Only live rows in partitions `worker` holds are changed: one
+        that lost a partition changes nothing there (the fence of `read`)."""
 
     async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
         """Record success for rows still held under `token`; others are left alone."""
@@ -78,14 +117,18 @@ class OutboxStorage(Protocol):
     async def stats(self) -> OutboxStats:
         """Counts by status, the age of the oldest due row, and active leases."""
 
-    async def heartbeat(self, worker: str, *, partitions: int, lease_seconds: float) -> Assignment:
+    async def heartbeat(
+        self, worker: str, *, partitions: int, lease_seconds: float, busy: Collection[int] = ()
+    ) -> Assignment:
         """Keep `worker` a live member and rebalance partitions 0..partitions-1 (seed 002).
 
         In one transaction: extend the worker's membership and the leases of the
         partitions it holds by `lease_seconds`; give back the partitions beyond its fair
-        share (ceil(partitions / live members)), highest first; take free or expired
-        partitions, lowest first, up to it. A process that stops heartbeating loses its
-        partitions when their lease runs out, and the others take them over.
+        share (ceil(partitions / live members)), highest first, except those `busy`
+        (rows in flight: kept, renewed and reported `draining` until a later heartbeat);
+        take free or expired partitions, lowest first, up to the share. A process that
+        stops heartbeating loses its partitions when their lease runs out, and the
+        others take them over.
         """
 
     async def leave(self, worker: str) -> None:

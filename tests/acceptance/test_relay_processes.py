@@ -32,7 +32,7 @@ BACKENDS = ["postgresql", "mysql", "sqlite"]
 
 @pytest.fixture(params=BACKENDS)
 async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[OutboxDB]:
-    async for each in outbox_db(request.param, tmp_path, partitions=PARTITIONS):
+    async for each in outbox_db(request.param, tmp_path):
         yield each
 
 

@@ -282,7 +282,7 @@ class ChaosWorld:
         self.table = "chaos_outbox"
         self.pg = ThrowawayPostgres()
         self.nats = EmbeddedNats()
-        self.outbox = Outbox(table=self.table, partitions=PARTITIONS)
+        self.outbox = Outbox(table=self.table)
         self.relays = Relays(self, workdir)
         self.faults: list[Fault] = []
         self.effects_applied = 0

@@ -13,11 +13,12 @@ import pytest
 from relaybox import Message
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import Target
-from relaybox.core.records import Assignment, Failure, Routing
+from relaybox.core.partitions import partition_for, partition_of
+from relaybox.core.records import Assignment, Failure, Routing, Settled, StoredMessage
 from relaybox.ports import OutboxStorage
 from tests.conformance.conftest import Backend
 
-ROUTING = Routing.of(["default", "partner"], ["default"], 64)
+ROUTING = Routing.of(["default", "partner"], ["default"])
 LEASE = 30.0
 
 
@@ -236,7 +237,7 @@ async def test_delayed_messages_wait_until_due(backend: Backend) -> None:
 async def test_claim_filters_by_partition_and_target(backend: Backend) -> None:
     keys = [f"key-{i}" for i in range(20)]
     await write(backend, *[msg(k, targets=["default", "partner"]) for k in keys])
-    wanted = sorted({ROUTING.rows([msg(k)])[0][5] for k in keys[:5]})
+    wanted = sorted({partition_of(ROUTING.rows([msg(k)])[0][5], 64) for k in keys[:5]})
     claim = await backend.storage.claim(
         "w1", limit=100, lease_seconds=LEASE, partitions=wanted, targets=["partner"]
     )
@@ -433,30 +434,240 @@ async def test_heartbeats_follow_the_partition_count(backend: Backend) -> None:
     assert await storage.heartbeat("w1", partitions=10, lease_seconds=LEASE) == everything
 
 
-async def test_a_keys_row_in_a_partition_outside_the_claim_blocks_its_later_rows(
+async def test_a_keys_rows_share_one_partition_whatever_the_partition_count(
     backend: Backend,
 ) -> None:
-    """Writers and relays may disagree on the partition count for a while (a rolling
-    deploy): a key's rows then sit in two partitions, and a claim of the second must
-    not overtake the first."""
-    from relaybox.core.partitions import partition_for
-
+    """Rows store their key's hash; a relay's partition is that hash modulo its count,
+    so a change of count (a rolling deploy) never splits a key over two partitions."""
     key = "k-moved"
-    first = msg(key, payload={"n": 1})
-    second = msg(key, payload={"n": 2})
-    old = Routing.of(["default", "partner"], ["default"], 7)
-    new = Routing.of(["default", "partner"], ["default"], 64)
-    old_partition = partition_for(key, first.id, 7)
-    new_partition = partition_for(key, second.id, 64)
-    assert old_partition != new_partition
-    await backend.storage.write(old.rows([first]))
-    await backend.storage.write(new.rows([second]))
-    claim = await backend.storage.claim("w", limit=10, lease_seconds=LEASE,
-                                        partitions=[new_partition])  # fmt: skip
-    assert claim.messages == []
-    claim = await backend.storage.claim("w", limit=10, lease_seconds=LEASE,
-                                        partitions=[old_partition])  # fmt: skip
-    assert [m.id for m in claim.messages] == [first.id]
+    first, second = msg(key, payload={"n": 1}), msg(key, payload={"n": 2})
+    await write(backend, first, second)
+    stored = partition_for(key, first.id)
+    for count in (7, 64):
+        mine = partition_of(stored, count)
+        others = [p for p in range(count) if p != mine]
+        assert not await backend.storage.read(limit=10, partitions=others, partition_count=count)
+        found = await backend.storage.read(limit=10, partitions=[mine], partition_count=count)
+        assert [m.id for m in found] == [first.id, second.id]
+        assert {m.partition for m in found} == {mine}
+        claim = await backend.storage.claim(
+            "w", limit=10, lease_seconds=LEASE, partitions=[mine], partition_count=count
+        )
+        assert [m.id for m in claim.messages] == [first.id, second.id]
+        await backend.storage.release(claim.token, [m.seq for m in claim.messages])
+
+
+# Owned reads: a relay that holds its partitions reads rows without writing anything.
+
+
+def in_flight(*messages: StoredMessage) -> list[int]:
+    return [m.seq for m in messages]
+
+
+async def hold_everything(backend: Backend, worker: str = "w1") -> None:
+    assignment = await backend.storage.heartbeat(worker, partitions=64, lease_seconds=LEASE)
+    assert assignment.partitions == frozenset(range(64))
+
+
+async def test_a_read_writes_nothing_and_keeps_key_order(backend: Backend) -> None:
+    await write(backend, msg("k1"), msg("k2"), msg("k1"), msg(None))
+    found = await backend.storage.read(limit=10)
+    assert [m.key for m in found] == ["k1", "k2", "k1", None]
+    assert [m.seq for m in found] == sorted(m.seq for m in found)
+    assert (await backend.storage.stats()).pending == 4
+    assert [m.seq for m in await backend.storage.read(limit=10)] == [m.seq for m in found]
+    assert [m.key for m in await backend.storage.read(limit=2)] == ["k1", "k2"]
+
+
+async def test_a_read_skips_what_is_in_flight_and_holds_back_its_keys(backend: Backend) -> None:
+    await write(backend, msg("k1"), msg("k1"), msg("k2"), msg(None), msg(None), msg("k1"))
+    first = await backend.storage.read(limit=2)
+    assert [m.key for m in first] == ["k1", "k1"]
+    beside = await backend.storage.read(limit=10, in_flight=in_flight(*first))
+    assert [m.key for m in beside] == ["k2", None, None]
+    rest = await backend.storage.read(limit=10, in_flight=in_flight(*first, *beside))
+    assert rest == []
+    keyless = [m for m in beside if m.key is None]
+    again = await backend.storage.read(limit=10, in_flight=in_flight(*keyless))
+    assert [m.key for m in again] == ["k1", "k1", "k2", "k1"]
+
+
+async def test_settle_owned_changes_only_rows_in_partitions_the_worker_holds(
+    backend: Backend,
+) -> None:
+    await write(backend, msg("a"), msg("b"), msg("c"), msg("d"))
+    a, b, c, d = await backend.storage.read(limit=10)
+    nobody = await backend.storage.settle_owned(
+        "w1", published=[a.seq], failed=[Failure(b.seq, "x")], abandoned=[Failure(c.seq, "y")]
+    )
+    assert nobody == Settled(0, 0, 0)  # w1 holds no partition yet
+    await hold_everything(backend)
+    assert await backend.storage.settle_owned("w2", published=[a.seq]) == Settled(0, 0, 0)
+    settled = await backend.storage.settle_owned(
+        "w1", published=[a.seq], failed=[Failure(b.seq, "flaky", 60)],
+        abandoned=[Failure(c.seq, "refused")],
+    )  # fmt: skip
+    assert settled == Settled(failed=1, abandoned=1, published=1)
+    stats = await backend.storage.stats()
+    assert (stats.pending, stats.failed, stats.abandoned) == (1, 1, 1)
+    assert stats.counts.get(Status.PUBLISHED, 0) == 0  # deleted
+    assert [m.key for m in await backend.storage.read(limit=10)] == ["d"]
+    kept = await backend.storage.settle_owned("w1", published=[d.seq], delete=False)
+    assert kept == Settled(published=1)
+    assert (await backend.storage.stats()).counts.get(Status.PUBLISHED) == 1
+    # Finished rows are left alone by a late settle.
+    assert await backend.storage.settle_owned("w1", failed=[Failure(d.seq, "late")]) == Settled()
+
+
+async def test_a_failed_head_holds_back_its_key_in_reads_until_due(backend: Backend) -> None:
+    await hold_everything(backend)
+    await write(backend, msg("bad"), msg("bad"), msg("good"), msg(None))
+    head, *_ = await backend.storage.read(limit=1)
+    await backend.storage.settle_owned("w1", failed=[Failure(head.seq, "nope", 0.6)])
+    found = await backend.storage.read(limit=10)
+    assert [m.key for m in found] == ["good", None]
+    await asyncio.sleep(0.9)
+    again = await backend.storage.read(limit=10)
+    assert [m.key for m in again] == ["bad", "bad", "good", None]
+    assert again[0].seq == head.seq
+    assert again[0].attempts == 1
+
+
+async def test_a_blocked_backlog_far_longer_than_the_read_hides_no_other_row(
+    backend: Backend,
+) -> None:
+    await hold_everything(backend)
+    await write(backend, *[msg("bad") for _ in range(150)])
+    await write(backend, msg("good"), msg("good"), msg(None), msg("other"))
+    head, *_ = await backend.storage.read(limit=1)
+    await backend.storage.settle_owned("w1", failed=[Failure(head.seq, "nope", 60)])
+    found = await backend.storage.read(limit=4)
+    assert [m.key for m in found] == ["good", "good", None, "other"]
+    assert [m.seq for m in found] == sorted(m.seq for m in found)
+    busy = await backend.storage.read(limit=4, in_flight=in_flight(found[0], found[2]))
+    assert [m.key for m in busy] == ["other"]
+
+
+async def test_a_key_claimed_by_a_row_lease_relay_is_held_back_in_reads(
+    backend: Backend,
+) -> None:
+    await write(backend, msg("k"), msg("k"), msg("free"))
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=0.5)
+    assert [m.key for m in claim.messages] == ["k"]
+    assert [m.key for m in await backend.storage.read(limit=10)] == ["free"]
+    await asyncio.sleep(0.8)  # the lease ran out: the row may go again, first
+    assert [m.key for m in await backend.storage.read(limit=10)] == ["k", "k", "free"]
+
+
+async def test_reads_filter_by_partition_and_target(backend: Backend) -> None:
+    keys = [f"key-{i}" for i in range(20)]
+    await write(backend, *[msg(k, targets=["default", "partner"]) for k in keys])
+    wanted = sorted({partition_of(partition_for(k, uuid.uuid4()), 8) for k in keys[:5]})
+    found = await backend.storage.read(
+        limit=100, partitions=wanted, partition_count=8, targets=["partner"]
+    )
+    assert {m.key for m in found} >= set(keys[:5])
+    assert all(m.partition in wanted and m.target == "partner" for m in found)
+    assert not await backend.storage.read(limit=100, partitions=[])
+
+
+async def test_busy_partitions_drain_before_they_are_given_back(backend: Backend) -> None:
+    first, second = await workers(backend, 2)
+    await first.heartbeat("w1", partitions=10, lease_seconds=LEASE)
+    assert (await second.heartbeat("w2", partitions=10, lease_seconds=LEASE)).partitions == set()
+    kept = await first.heartbeat("w1", partitions=10, lease_seconds=LEASE, busy={7, 9})
+    assert kept == Assignment(frozenset({0, 1, 2, 3, 4, 7, 9}), 2, frozenset({7, 9}))
+    taken = await second.heartbeat("w2", partitions=10, lease_seconds=LEASE)
+    assert taken.partitions == {5, 6, 8}
+    drained = await first.heartbeat("w1", partitions=10, lease_seconds=LEASE, busy={9})
+    assert drained == Assignment(frozenset({0, 1, 2, 3, 4, 9}), 2, frozenset({9}))
+    assert (await second.heartbeat("w2", partitions=10, lease_seconds=LEASE)).partitions == {
+        5, 6, 7, 8,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_random_owned_histories_keep_every_key_in_order(backend: Backend, seed: int) -> None:
+    """A relay's owned reads beside its own batches in flight, with random writes (some
+    delayed) and settles (publish, fail with a short backoff, abandon, leave pending),
+    as the processor does: no read may return a row in flight, finished, not yet due,
+    or ahead of an unfinished earlier row of its key outside the batch."""
+    rng = random.Random(seed)
+    await hold_everything(backend)
+    written: dict[str | None, list[uuid.UUID]] = {}
+    finished: set[uuid.UUID] = set()
+    published: dict[str | None, list[uuid.UUID]] = {}
+    batches: list[list[StoredMessage]] = []
+    due_after: dict[uuid.UUID, float] = {}
+
+    async def read(limit: int) -> None:
+        flying = [m for batch in batches for m in batch]
+        got = await backend.storage.read(limit=limit, in_flight=in_flight(*flying))
+        ended = time.monotonic()
+        taken = {m.id for m in got}
+        assert all(due_after.get(i, 0.0) <= ended for i in taken), "taken before it was due"
+        assert not taken & {m.id for m in flying}, "a row in flight was read again"
+        assert not taken & finished, "a finished row was read"
+        for message in got:
+            earlier = written[message.key][: written[message.key].index(message.id)]
+            if message.key is not None:
+                assert all(i in finished or i in taken for i in earlier), message
+        if got:
+            batches.append(got)
+
+    async def settle(batch: list[StoredMessage]) -> None:
+        stuck: set[str | None] = set()
+        done: list[int] = []
+        failed: list[Failure] = []
+        abandoned: list[Failure] = []
+        for m in batch:
+            if m.key is not None and m.key in stuck:
+                continue
+            roll = rng.random()
+            if roll < 0.7:
+                done.append(m.seq)
+                finished.add(m.id)
+                published.setdefault(m.key, []).append(m.id)
+                continue
+            stuck.add(m.key)
+            if roll < 0.85:
+                failed.append(Failure(m.seq, "transient", rng.choice([0.0, 0.05])))
+                due_after[m.id] = time.monotonic()
+            elif roll < 0.9:
+                abandoned.append(Failure(m.seq, "permanent"))
+                finished.add(m.id)
+        await backend.storage.settle_owned("w1", failed=failed, abandoned=abandoned,
+                                           published=done)  # fmt: skip
+
+    for _ in range(150):
+        action = rng.random()
+        if action < 0.35:
+            batch = [
+                msg(rng.choice(["a", "b", "c", "d", None]), delay=rng.choice([0.0, 0.0, 0.0, 0.3]))
+                for _ in range(rng.randint(1, 6))
+            ]
+            for message in batch:
+                written.setdefault(message.key, []).append(message.id)
+                due_after[message.id] = time.monotonic() + message.delay_seconds
+            await write(backend, *batch)
+        elif action < 0.7 and len(batches) < 3:
+            await read(rng.randint(1, 5))
+        elif batches:
+            await settle(batches.pop(rng.randrange(len(batches))))
+    while batches:
+        await settle(batches.pop())
+    total = sum(len(ids) for ids in written.values())
+    for _ in range(400):
+        if len(finished) == total:
+            break
+        await read(5)
+        while batches:
+            await settle(batches.pop())
+        await asyncio.sleep(0.01)
+    assert len(finished) == total
+    for key, ids in published.items():
+        if key is not None:
+            assert ids == [i for i in written[key] if i in ids], key
 
 
 Taken = tuple[int, uuid.UUID, str | None]  # seq, message id, key

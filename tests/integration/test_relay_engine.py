@@ -378,7 +378,7 @@ async def pg_db(tmp_path: Path) -> AsyncIterator[OutboxDB]:
 async def test_an_attached_outbox_wakes_an_idle_relay_at_once(sqlite_db: OutboxDB) -> None:
     """Seed 001: a commit in the relay's own process is picked up without polling."""
     db = sqlite_db
-    outbox = Outbox(table=db.table, targets=["default", "partner"], partitions=8)
+    outbox = Outbox(table=db.table, targets=["default", "partner"])
     publisher = MemoryPublisher()
     settings = fast_settings(idle_interval=30.0, min_poll_interval=30.0)
     async with relay_of(db, publisher, settings) as relay:
@@ -394,7 +394,7 @@ async def test_an_attached_outbox_wakes_an_idle_relay_at_once(sqlite_db: OutboxD
 
 async def test_a_notify_from_another_process_wakes_an_idle_relay(pg_db: OutboxDB) -> None:
     db = pg_db
-    outbox = Outbox(table=db.table, targets=["default", "partner"], partitions=8, notify=True)
+    outbox = Outbox(table=db.table, targets=["default", "partner"], notify=True)
     publisher = MemoryPublisher()
     settings = fast_settings(idle_interval=30.0, min_poll_interval=30.0)
     async with relay_of(db, publisher, settings):
@@ -432,7 +432,8 @@ async def test_an_unrecorded_failure_holds_back_its_keys_later_successes(db: Out
     await db.write(messages(["k"], per_key=2))
     publisher = MemoryPublisher()
     publisher.reject(lambda m: json.loads(m.payload)["n"] == 0, error="too large")
-    settings = fast_settings(lease_seconds=0.8, published_retention=3600.0)
+    settings = fast_settings(lease_seconds=0.8, published_retention=3600.0,
+                             partition_leases=False)  # fmt: skip
     relay = relay_of(db, publisher, settings)
     async with relay:
         cut = [_NoAbandon(p._db.settles) for p in relay.processors]
@@ -455,3 +456,118 @@ class _NoAbandon(_Passthrough):
         if self.healed:
             return await self._inner.abandon(token, failures)  # type: ignore[attr-defined,no-any-return]
         raise StorageOperationalError("connection cut (test)")
+
+
+# Relays that hold their partitions (the default): reads that write nothing.
+
+
+async def test_row_leases_deliver_every_message_once_in_key_order(db: OutboxDB) -> None:
+    batch = messages([f"k{i}" for i in range(6)] + [None], per_key=15)
+    await db.write(batch)
+    publisher = MemoryPublisher()
+    publisher.fail(key_is("k0"), times=2)
+    async with relay_of(db, publisher, fast_settings(partition_leases=False)):
+        await eventually(lambda: len(publisher.published) >= len(batch))
+    ids = [m.id for m in publisher.published]
+    assert len(ids) == len(set(ids)) == len(batch)
+    for key, order in per_key(publisher.published).items():
+        if key is not None:
+            assert order == list(range(15)), key
+    assert await db.status_counts() == {}
+
+
+async def test_a_relay_whose_partition_lease_lapses_stops_and_another_takes_over(
+    db: OutboxDB,
+) -> None:
+    """Relay A's heartbeats fail mid-publish: its publish is cut off before its
+    partition lease runs out (so it cannot land after the next owner's), relay B takes
+    the partitions once the lease has run out and publishes the row; A records nothing."""
+    await db.write(messages(["k"], per_key=1))
+    slow, rival = MemoryPublisher(), MemoryPublisher()
+    slow.slow(1.5)
+    settings = fast_settings(lease_seconds=0.6, published_retention=3600.0)
+    stale = relay_of(db, slow, dataclasses.replace(settings, max_in_flight=1))
+    async with stale:
+        await eventually(lambda: len(slow.attempts) == 1)
+        for processor in stale.processors:  # cut A's heartbeats
+            processor._db = dataclasses.replace(
+                processor._db, housekeeping=_NoHeartbeat(processor._db.housekeeping)
+            )
+        async with relay_of(db, rival, settings):
+            await eventually(lambda: len(rival.published) == 1, timeout=5)
+            await asyncio.sleep(1.5)  # A's publish would have finished by now
+    assert slow.published == []  # cut off at its lease
+    assert sum(p.metrics.published for p in stale.processors) == 0
+    assert sum(p.metrics.leases_lost for p in stale.processors) >= 1
+    assert [(r.status, r.attempts) for r in await asyncio.to_thread(rows, db)] == [
+        (Status.PUBLISHED, 0)
+    ]
+
+
+class _NoHeartbeat(_Passthrough):
+    """A housekeeping connection that is cut: heartbeats fail."""
+
+    async def heartbeat(self, worker: str, **options: object) -> object:
+        raise StorageOperationalError("connection cut (test)")
+
+
+async def test_a_settle_that_cannot_be_recorded_leaves_the_batch_to_be_read_again(
+    db: OutboxDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The settle is one atomic statement: if it never gets through, nothing of the
+    batch is recorded and its rows are read again, in order (published twice, never
+    out of order); once the settles get through, every row ends settled."""
+    import relaybox.relay.processor
+
+    monkeypatch.setattr(relaybox.relay.processor, "SETTLE_RETRY_DELAYS", (0.01,))
+    await db.write(messages(["k"], per_key=3))
+    publisher = MemoryPublisher()
+    publisher.reject(lambda m: json.loads(m.payload)["n"] == 0, error="too large")
+    relay = relay_of(db, publisher, fast_settings(published_retention=3600.0))
+    async with relay:
+        cut = [_NoSettle(p._db.settles) for p in relay.processors]
+        for processor, settles in zip(relay.processors, cut, strict=True):
+            processor._db = dataclasses.replace(processor._db, settles=settles)
+        await eventually(lambda: len(publisher.published) >= 4)  # k:1, k:2 twice
+        assert {r.status for r in await asyncio.to_thread(rows, db)} == {Status.PENDING}
+        for settles in cut:
+            settles.healed = True
+        await eventually(lambda: _counts_are(db, {Status.ABANDONED: 1, Status.PUBLISHED: 2}))
+    sent = [json.loads(m.payload)["n"] for m in publisher.attempts]
+    assert sent[:3] == [0, 1, 2]
+    assert all(sent[i : i + 3] == [0, 1, 2] for i in range(0, len(sent) - 2, 3)), sent
+
+
+class _NoSettle(_Passthrough):
+    """A settle connection on which owned settles fail until it is `healed`."""
+
+    healed = False
+
+    async def settle_owned(self, worker: str, **outcomes: object) -> object:
+        if self.healed:
+            return await self._inner.settle_owned(worker, **outcomes)  # type: ignore[attr-defined]
+        raise StorageOperationalError("connection cut (test)")
+
+
+async def test_partitions_in_flight_drain_before_a_joining_relay_takes_them(
+    db: OutboxDB,
+) -> None:
+    """A second relay joins while the first has batches in flight: the first gives
+    back only partitions with nothing in flight, so no row is published twice."""
+    keys = [f"k{i}" for i in range(40)]
+    await db.write(messages(keys, per_key=10))
+    first, second = MemoryPublisher(), MemoryPublisher()
+    first.slow(0.1)
+    second.slow(0.1)
+    settings = fast_settings(batch_size=20)
+    async with relay_of(db, first, settings):
+        await eventually(lambda: len(first.attempts) >= 20)
+        async with relay_of(db, second, settings) as joined:
+            await eventually(lambda: len(first.published) + len(second.published) >= 400)
+            assert all(p.partitions for p in joined.processors)
+    ids = [m.id for m in first.published + second.published]
+    assert len(ids) == len(set(ids)) == 400
+    assert second.published, "the second relay took partitions over"
+    both = sorted(first.published + second.published, key=lambda m: m.seq)
+    for key, order in per_key(both).items():
+        assert order == list(range(10)), key

@@ -53,16 +53,31 @@ def test_every_dialect_has_the_queries_the_code_uses(dialect: sql.Dialect) -> No
 
 
 def test_rows_one_per_target_with_stable_partitions() -> None:
-    routing = Routing.of(["events", Target("partner", external=True)], ["events"], 16)
+    routing = Routing.of(["events", Target("partner", external=True)], ["events"])
     message = Message(topic="t", key="customer-1", targets=["events", "partner"])
     rows = routing.rows([message, Message(topic="t")])
     assert [(r[1], r[2]) for r in rows] == [("events", False), ("partner", True), ("events", False)]
-    assert rows[0][5] == rows[1][5] == partition_for("customer-1", message.id, 16)
-    assert partition_for("customer-1", uuid.uuid4(), 16) == rows[0][5]  # key, not id, decides
+    assert rows[0][5] == rows[1][5] == partition_for("customer-1", message.id)
+    assert partition_for("customer-1", uuid.uuid4()) == rows[0][5]  # key, not id, decides
+    assert 0 <= rows[2][5] < 2**31
     with pytest.raises(UnknownTargetError, match="known targets: events, partner"):
         routing.rows([Message(topic="t", targets=["elsewhere"])])
     with pytest.raises(UnknownTargetError):
-        Routing.of(["a"], ["b"], 4)
+        Routing.of(["a"], ["b"])
+
+
+def test_the_stored_hash_keeps_the_former_partitions_of_the_default_count() -> None:
+    """Rows written before the hash was stored hold crc32 % 64; relays now take the
+    stored hash modulo their count, which agrees for every count dividing 64."""
+    import zlib
+
+    from relaybox.core.partitions import partition_of
+
+    for key in ("customer-1", "k", "order-123456"):
+        former = zlib.crc32(key.encode()) % 64
+        stored = partition_for(key, uuid.uuid4())
+        for count in (1, 2, 8, 16, 64):
+            assert partition_of(former, count) == partition_of(stored, count)
 
 
 def test_row_params_per_dialect() -> None:
@@ -112,19 +127,23 @@ def test_schema_qualified_names_where_the_dialect_has_schemas() -> None:
 
 
 @pytest.mark.parametrize(
-    ("targets", "defaults", "partitions", "match"),
+    ("targets", "defaults", "match"),
     [
-        (["a"], [], 8, "at least one"),
-        (["a"], ["a", "a"], 8, "twice"),
-        (["a", "a"], None, 8, "twice"),
-        (["a"], None, 0, "positive"),
+        (["a"], [], "at least one"),
+        (["a"], ["a", "a"], "twice"),
+        (["a", "a"], None, "twice"),
     ],
 )
 def test_routing_rejects_settings_that_would_lose_or_duplicate_messages(
-    targets: list[str], defaults: list[str] | None, partitions: int, match: str
+    targets: list[str], defaults: list[str] | None, match: str
 ) -> None:
     with pytest.raises(relaybox.ConfigurationError, match=match):
-        relaybox.Outbox(targets=targets, default_targets=defaults, partitions=partitions)
+        relaybox.Outbox(targets=targets, default_targets=defaults)
+
+
+def test_relay_settings_reject_a_partition_count_below_one() -> None:
+    with pytest.raises(relaybox.ConfigurationError, match="positive"):
+        relaybox.RelaySettings(partitions=0)
 
 
 def test_restyle_reorders_repeated_numbered_parameters() -> None:

@@ -5,6 +5,12 @@ processing -> failed -> (backoff) -> processing ...
 failed -> abandoned            (max attempts, or a permanent error)
 processing -> pending          (released, or its lease expired)
 abandoned -> pending           (operator replay)
+
+`processing` is a claim. A relay that holds its partitions by lease (the default)
+claims whole partitions in `<table>_partitions` (owner, lease_until) rather than each
+row, so its rows go from pending (or failed) to published, failed or abandoned directly
+while the partition row records who holds them; a relay without partition leases marks
+each claimed row `processing` with `locked_by`, `locked_until` and a fencing token.
 """
 
 from __future__ import annotations

@@ -15,12 +15,24 @@ from relaybox.errors import ConfigurationError
 
 DEFAULT_PARTITIONS = 64
 
+#: The stored `partition` column holds this many bits of a stable hash; a relay's
+#: partition of a row is that hash modulo the relay's partition count. So writers need
+#: no partition count, and a key stays in one partition whatever count relays use.
+#: (Rows written under the former rule, `crc32 % 64`, fall in the same partitions for
+#: any count dividing 64: 64 divides 2^31.)
+_HASH_MASK = 0x7FFFFFFF
 
-def partition_for(key: str | None, message_id: uuid.UUID, partitions: int) -> int:
-    """The partition of a message: from its key, or from its id when it has no key."""
+
+def partition_for(key: str | None, message_id: uuid.UUID) -> int:
+    """The stored partition hash of a message: from its key, or its id when keyless."""
     if key is None:
-        return (message_id.int & 0xFFFFFFFF) % partitions
-    return zlib.crc32(key.encode("utf-8")) % partitions
+        return message_id.int & _HASH_MASK
+    return zlib.crc32(key.encode("utf-8")) & _HASH_MASK
+
+
+def partition_of(stored: int, partitions: int) -> int:
+    """The partition (of `partitions`) that a row with this stored hash belongs to."""
+    return stored % partitions
 
 
 #: Lock slots for writers of one key on databases without transaction-scoped advisory
@@ -54,11 +66,17 @@ def key_lock_id(table: str, key: str | None) -> int | None:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Rebalance:
-    """What a relay process does with its partitions at a heartbeat (seed 002)."""
+    """What a relay process does with its partitions at a heartbeat (seed 002).
+
+    `draining` are partitions beyond the fair share that still have rows in flight:
+    they are renewed, not given back, until those rows are settled (so the next owner
+    never publishes them a second time); the relay reads no more rows from them.
+    """
 
     keep: tuple[int, ...]
     release: tuple[int, ...]
     wanted: int
+    draining: tuple[int, ...] = ()
 
 
 def require_partitions(partitions: int) -> int:
@@ -73,8 +91,11 @@ def fair_share(partitions: int, members: int) -> int:
     return -(-partitions // max(members, 1))
 
 
-def rebalance(held: Iterable[int], partitions: int, members: int) -> Rebalance:
-    """Keep the lowest `held` partitions up to the fair share; give back the rest.
+def rebalance(
+    held: Iterable[int], partitions: int, members: int, busy: Iterable[int] = ()
+) -> Rebalance:
+    """Keep the lowest `held` partitions up to the fair share; give back the rest,
+    except those `busy` (rows in flight), which drain first.
 
     Partitions numbered `partitions` or above (the count was lowered) are given back
     too; `wanted` is how many free or expired ones to take to reach the share.
@@ -82,5 +103,8 @@ def rebalance(held: Iterable[int], partitions: int, members: int) -> Rebalance:
     owned = sorted(set(held))
     share = fair_share(partitions, members)
     keep = tuple(p for p in owned if 0 <= p < partitions)[:share]
-    release = tuple(p for p in owned if p not in keep)
-    return Rebalance(keep, release, share - len(keep))
+    busy = frozenset(busy)
+    beyond = [p for p in owned if p not in keep]
+    release = tuple(p for p in beyond if p not in busy)
+    draining = tuple(p for p in beyond if p in busy)
+    return Rebalance(keep, release, share - len(keep), draining)

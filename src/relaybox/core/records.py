@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import DEFAULT_TARGET, Message, Target
-from relaybox.core.partitions import DEFAULT_PARTITIONS, partition_for, require_partitions
+from relaybox.core.partitions import partition_for
 from relaybox.errors import ConfigurationError, MessageError, UnknownTargetError
 
 #: The columns the writer fills, in the order of `InsertRow`.
@@ -28,13 +28,12 @@ InsertRow = tuple[
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Routing:
-    """Which targets exist, which is the default, and how keys map to partitions."""
+    """Which targets exist and which is the default."""
 
     targets: Mapping[str, Target] = dataclasses.field(
         default_factory=lambda: {DEFAULT_TARGET: Target(DEFAULT_TARGET)}
     )
     default_targets: tuple[str, ...] = (DEFAULT_TARGET,)
-    partitions: int = DEFAULT_PARTITIONS
     _defaults: tuple[Target, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -46,7 +45,6 @@ class Routing:
         cls,
         targets: Iterable[str | Target] | None,
         default_targets: Iterable[str] | None,
-        partitions: int,
     ) -> Routing:
         known = [t if isinstance(t, Target) else Target(t) for t in (targets or [DEFAULT_TARGET])]
         by_name = {t.name: t for t in known}
@@ -58,7 +56,7 @@ class Routing:
         for name in defaults:
             if name not in by_name:
                 raise UnknownTargetError(f"default target {name!r} is not a known target")
-        return cls(by_name, defaults, require_partitions(partitions))
+        return cls(by_name, defaults)
 
     def resolve(self, message: Message) -> tuple[Target, ...]:
         if message.targets is None:
@@ -80,7 +78,7 @@ class Routing:
         for message in messages:
             if not isinstance(message, Message):
                 raise MessageError(f"expected relaybox.Message, got {type(message).__name__}")
-            partition = partition_for(message.key, message.id, self.partitions)
+            partition = partition_for(message.key, message.id)
             headers = (
                 json.dumps(message.headers, separators=(",", ":")) if message.headers else "{}"
             )
@@ -165,7 +163,20 @@ class OutboxStats:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Assignment:
-    """The partitions one relay process holds after a heartbeat, and how many are alive."""
+    """The partitions one relay process holds after a heartbeat, and how many are alive.
+
+    `draining` (a subset of `partitions`) are held only until the rows in flight there
+    are settled: read nothing more from them (see `Rebalance`)."""
 
     partitions: frozenset[int]
     members: int
+    draining: frozenset[int] = frozenset()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settled:
+    """How many rows one settle of a partition holder changed, by outcome."""
+
+    failed: int = 0
+    abandoned: int = 0
+    published: int = 0

@@ -77,8 +77,17 @@ async def serve(relay: Relay, *, max_seconds: float | None = None) -> None:
 @click.option("--max-in-flight", default=2, show_default=True)
 @click.option("--lease", "lease_seconds", default=30.0, show_default=True)
 @click.option("--publish-timeout", default=10.0, show_default=True)
-@click.option("--partitions", default=DEFAULT_PARTITIONS, show_default=True)
-@click.option("--no-partition-leases", is_flag=True, help="Claim from every partition.")
+@click.option(
+    "--partitions",
+    default=DEFAULT_PARTITIONS,
+    show_default=True,
+    help="Partitions the relays of a table share (every relay of the table alike).",
+)
+@click.option(
+    "--no-partition-leases",
+    is_flag=True,
+    help="Claim from every partition, leasing each row (every relay of the table alike).",
+)
 @click.option("--retry-base", default=60.0, show_default=True, help="First retry delay, s.")
 @click.option("--retry-max", default=3600.0, show_default=True, help="Largest retry delay, s.")
 @click.option("--retry-jitter", default=0.25, show_default=True)

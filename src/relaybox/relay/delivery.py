@@ -96,10 +96,15 @@ class Delivery:
                 logger.warning("lease lost mid-batch", extra={"action": "lease_lost"})
                 break
             wave = [chain.popleft() for chain in active]
-            outcomes = await self._publish_wave(wave)
+            results = await self._publish_wave(wave)
             survivors = []
-            for chain, message in zip(active, wave, strict=True):
-                if self._settle_one(message, outcomes[message.seq], settlement) and chain:
+            published = settlement.published
+            for chain, message, result in zip(active, wave, results, strict=True):
+                if result.outcome is Outcome.ACKED:  # the rule: no call to _settle_one
+                    published.append(message.seq)
+                    if chain:
+                        survivors.append(chain)
+                elif self._settle_one(message, result, settlement) and chain:
                     survivors.append(chain)
                 else:
                     settlement.released.extend(m.seq for m in chain)
@@ -124,7 +129,11 @@ class Delivery:
         out.failed.append(Failure(message.seq, error, self._retry.delay(failures, self._rng)))
         return False
 
-    async def _publish_wave(self, wave: list[StoredMessage]) -> dict[int, PublishResult]:
+    async def _publish_wave(self, wave: list[StoredMessage]) -> Sequence[PublishResult]:
+        """The results of `wave`, in its order; one publish call per target, at once."""
+        target = wave[0].target
+        if all(message.target == target for message in wave):
+            return await self._publish_target(target, wave)
         by_target: dict[str, list[StoredMessage]] = {}
         for message in wave:
             by_target.setdefault(message.target, []).append(message)
@@ -134,7 +143,7 @@ class Delivery:
         outcomes: dict[int, PublishResult] = {}
         for batch, batch_results in zip(by_target.values(), results, strict=True):
             outcomes.update(zip((m.seq for m in batch), batch_results, strict=True))
-        return outcomes
+        return [outcomes[message.seq] for message in wave]
 
     async def _publish_target(
         self, target: str, batch: list[StoredMessage]

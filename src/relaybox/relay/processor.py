@@ -5,6 +5,21 @@ claims, one settles (and renews), one keeps house (heartbeats, expired leases, p
 A second claiming connection, each on half the partitions, was measured: it drained
 slower (25-29k against 36-39k msg/s), because a claim must skip every key that a batch
 still in flight holds, and halving the keys per connection doubled the skipping.
+
+Two ways to hold rows while they are published:
+
+- With partition leases (the default, seed 002), the relay holds whole partitions: it
+  alone may publish their rows for as long as its heartbeats renew the lease. A claim
+  is then a read that writes nothing (`OutboxStorage.read`): the rows it took stay
+  pending in the table and the relay keeps them in memory as in flight, skipping them
+  and their keys in the next read; one atomic statement settles each batch, fenced by
+  the partitions the relay still holds. No publish outlives the partition lease as
+  last renewed. Partitions it must give back drain first (no new reads there), so the
+  next owner never publishes a row a second time. This is what drains at the raw
+  claim-and-delete rate (docs/benchmarks.md): a per-row lease writes every row twice.
+- Without partition leases every relay claims from every partition, and each row is
+  leased on its own (seed 000's `processing`, `locked_by`, `locked_until`, fencing
+  token), renewed while a publish runs, released when it does not go out.
 """
 
 from __future__ import annotations
@@ -14,7 +29,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from relaybox.core.circuit import CircuitBreaker, CircuitState
 from relaybox.core.records import Claim, StoredMessage
@@ -25,6 +40,10 @@ from relaybox.relay.settings import RelaySettings
 from relaybox.relay.waker import Waker
 
 logger = logging.getLogger(__name__)
+
+#: Pauses between the tries of a settle that fails (a lost connection is reopened by
+#: the next try). After the last, the batch is given up: its rows are read again.
+SETTLE_RETRY_DELAYS = (0.05, 0.2, 0.8, 3.2)
 
 
 @dataclasses.dataclass
@@ -63,6 +82,13 @@ class Processor:
         self.partitions: frozenset[int] | None = None
         #: What claims pass as `partitions`: None for all, [] for none (not yet held).
         self._scope: list[int] | None = [] if settings.partition_leases else None
+        #: Partition leases: claims are reads, and what is in flight lives here.
+        self._owned = settings.partition_leases
+        self._flight = _InFlightRows()
+        #: Until when (time.monotonic) the partitions are surely ours: the start of the
+        #: last successful heartbeat plus the partition lease.
+        self._held_until = 0.0
+        self._guards: set[asyncio.Timeout] = set()
         self._probe_in: float | None = None
         self._db = connections
         self._publishers = publishers
@@ -186,13 +212,25 @@ class Processor:
             return None
         if self._scope == []:
             return None  # no partition held (yet): nothing is ours to claim
-        claim = await self._db.claims.claim(
-            self.worker,
-            limit=self._settings.batch_size,
-            lease_seconds=self._settings.lease_seconds,
-            partitions=self._scope,
-            targets=targets,
-        )
+        settings = self._settings
+        if self._owned:
+            messages = await self._db.claims.read(
+                limit=settings.batch_size,
+                partitions=self._scope,
+                targets=targets,
+                partition_count=settings.partitions,
+                in_flight=self._flight.seqs(),
+            )
+            claim = Claim("", self.worker, messages)
+        else:
+            claim = await self._db.claims.claim(
+                self.worker,
+                limit=settings.batch_size,
+                lease_seconds=settings.lease_seconds,
+                partitions=self._scope,
+                targets=targets,
+                partition_count=settings.partitions,
+            )
         self.metrics.claims += 1
         self.metrics.claimed += len(claim.messages)
         return claim
@@ -217,10 +255,16 @@ class Processor:
         return targets
 
     def _launch(self, claim: Claim) -> None:
-        task = asyncio.create_task(self._deliver(claim))
+        if self._owned:
+            self._flight.add(claim.messages)
+            task = asyncio.create_task(self._deliver_owned(claim))
+        else:
+            task = asyncio.create_task(self._deliver(claim))
         self._deliveries.add(task)
 
         def done(finished: asyncio.Task[None]) -> None:
+            if self._owned:
+                self._flight.remove(claim.messages)
             self._deliveries.discard(finished)
             self._slots.release()
             self._hold = max(0, self._hold - 1)
@@ -264,6 +308,81 @@ class Processor:
             )
             return
         await self._settle(claim, settlement)
+
+    async def _deliver_owned(self, claim: Claim) -> None:
+        """Publish and settle rows read from held partitions, never past the partition
+        lease as last renewed: once it may have run out, another relay may own them."""
+        settlement = Settlement()
+        margin = self._guard_margin()
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(self._guard_at(loop, margin)) as guard:
+                self._guards.add(guard)
+                try:
+                    await self._delivery.run(
+                        claim.messages, settlement, lambda: time.monotonic() < self._held_until
+                    )
+                except asyncio.CancelledError:  # stop() or the lease guard
+                    if guard.expired():
+                        self.metrics.leases_lost += 1
+                    await asyncio.shield(self._settle_owned(settlement))
+                    raise
+                finally:
+                    self._guards.discard(guard)
+        except TimeoutError:
+            logger.warning(
+                "partition lease ran out while publishing; the rest is left to the next owner",
+                extra={"action": "lease_lost"},
+            )
+            return
+        await self._settle_owned(settlement)
+
+    def _guard_margin(self) -> float:
+        return min(1.0, self._settings.partition_lease_seconds / 10)
+
+    def _guard_at(self, loop: asyncio.AbstractEventLoop, margin: float) -> float:
+        """The partitions' lease end (less `margin`) on `loop`'s clock."""
+        return loop.time() + (self._held_until - margin - time.monotonic())
+
+    def _extend_guards(self) -> None:
+        """A heartbeat renewed the partitions: publishes in flight may go on longer."""
+        loop = asyncio.get_running_loop()
+        when = self._guard_at(loop, self._guard_margin())
+        for guard in self._guards:
+            guard.reschedule(when)
+
+    async def _settle_owned(self, settlement: Settlement) -> None:
+        """Record a batch's outcomes in one atomic statement (so nothing is recorded
+        half: if it cannot be recorded at all, its rows are simply read again, in
+        order). Rows neither published nor failed (released) stay pending as they are."""
+        if not (settlement.published or settlement.failed or settlement.abandoned):
+            self.metrics.released += len(settlement.released)
+            return
+        settings = self._settings
+        for attempt, delay in enumerate((*SETTLE_RETRY_DELAYS, None)):
+            try:
+                settled = await self._db.settles.settle_owned(
+                    self.worker,
+                    partition_count=settings.partitions,
+                    failed=settlement.failed,
+                    abandoned=settlement.abandoned,
+                    published=settlement.published,
+                    delete=settings.published_retention == 0,
+                )
+            except RelayboxError as error:
+                logger.warning(
+                    "settle failed (attempt %d): %s", attempt + 1, error,
+                    extra={"action": "settle_error"},
+                )  # fmt: skip
+                if delay is not None:
+                    await asyncio.sleep(delay)
+                continue
+            metrics = self.metrics
+            metrics.published += settled.published
+            metrics.failed += settled.failed
+            metrics.abandoned += settled.abandoned
+            metrics.released += len(settlement.released)
+            return
 
     async def _renew(
         self, claim: Claim, deadline: list[float], guard: asyncio.Timeout, margin: float
@@ -315,8 +434,7 @@ class Processor:
     async def _record(self, kind: str, step: Callable[[], Awaitable[int]]) -> bool:
         """Settle with a few retries and count it; False if it could not be recorded.
         Giving up loses nothing: the lease expires and the rows are delivered again."""
-        delay = 0.05
-        for attempt in range(5):
+        for attempt, delay in enumerate((*SETTLE_RETRY_DELAYS, None)):
             try:
                 count = await step()
             except RelayboxError as error:
@@ -324,8 +442,8 @@ class Processor:
                     "settle %s failed (attempt %d): %s", kind, attempt + 1, error,
                     extra={"action": "settle_error"},
                 )  # fmt: skip
-                await asyncio.sleep(delay)
-                delay *= 4
+                if delay is not None:
+                    await asyncio.sleep(delay)
                 continue
             setattr(self.metrics, kind, getattr(self.metrics, kind) + count)
             return True
@@ -343,6 +461,7 @@ class Processor:
                     self.worker,
                     partitions=settings.partitions,
                     lease_seconds=settings.partition_lease_seconds,
+                    busy=self._flight.partitions() if self._owned else (),
                 )
             except RelayboxError as error:
                 logger.warning("heartbeat failed: %s", error, extra={"action": "heartbeat"})
@@ -351,10 +470,13 @@ class Processor:
             else:
                 last_ok = started
                 self.metrics.heartbeats += 1
-                self._assign(assignment.partitions)
+                self._held_until = started + settings.partition_lease_seconds
+                self._extend_guards()
+                self._assign(assignment.partitions - assignment.draining)
             await self._sleep(settings.heartbeat_interval)
 
     def _assign(self, partitions: frozenset[int]) -> None:
+        """Claim from `partitions` from now on (draining ones are already left out)."""
         if partitions != self.partitions:
             logger.info(
                 "%s holds %d partitions", self.worker, len(partitions),
@@ -413,3 +535,22 @@ def _behind(held_back: dict[tuple[str, str], int], message: StoredMessage) -> bo
         return False
     first = held_back.get((message.target, message.key))
     return first is not None and message.seq > first
+
+
+class _InFlightRows:
+    """The rows a relay holding its partitions has read and not yet settled."""
+
+    def __init__(self) -> None:
+        self._batches: list[Sequence[StoredMessage]] = []
+
+    def add(self, messages: Sequence[StoredMessage]) -> None:
+        self._batches.append(messages)
+
+    def remove(self, messages: Sequence[StoredMessage]) -> None:
+        self._batches = [batch for batch in self._batches if batch is not messages]
+
+    def seqs(self) -> list[int]:
+        return [m.seq for batch in self._batches for m in batch]
+
+    def partitions(self) -> frozenset[int]:
+        return frozenset(m.partition for batch in self._batches for m in batch)

@@ -25,10 +25,13 @@ class RelaySettings:
     publish_timeout: float = 10.0
     retry: RetryPolicy = dataclasses.field(default_factory=RetryPolicy)
     circuit: CircuitPolicy = dataclasses.field(default_factory=CircuitPolicy)
-    #: Must equal the writers' `Outbox(partitions=...)`.
+    #: Partitions the relays of a table share (a row's is its stored key hash modulo
+    #: this); every relay of one table must use the same count.
     partitions: int = DEFAULT_PARTITIONS
-    #: Spread partitions across relay processes by leases (seed 002). Off: every
-    #: process claims from every partition (still safe: claims keep per-key order).
+    #: Spread partitions across relay processes by leases (seed 002); a relay then
+    #: reads its partitions' rows without leasing each one. Off: every process claims
+    #: from every partition, leasing each row (still safe, half the drain rate). Every
+    #: relay of one table must use the same setting.
     partition_leases: bool = True
     #: Adaptive poll: right after an empty claim wait `min_poll_interval`, doubling
     #: up to `idle_interval` while nothing turns up. Work or a wakeup resets it.

@@ -21,17 +21,18 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from relaybox.core.identifiers import DEFAULT_TABLE, validate_table_name
 from relaybox.core.lifecycle import LIVE_STATES, Status
-from relaybox.core.partitions import rebalance, require_partitions
+from relaybox.core.partitions import DEFAULT_PARTITIONS, rebalance, require_partitions
 from relaybox.core.records import (
     Assignment,
     Claim,
     Failure,
     InsertRow,
     OutboxStats,
+    Settled,
     StoredMessage,
 )
 from relaybox.errors import StorageIntegrityError
@@ -83,10 +84,11 @@ class _Row:
         self.status = status
         self.locked_by = self.locked_until = self.lock_token = None
 
-    def message(self) -> StoredMessage:
+    def message(self, partitions: int) -> StoredMessage:
         return StoredMessage(
             seq=self.seq, id=self.id, target=self.target, external=self.external,
-            topic=self.topic, key=self.key, partition=self.partition, type=self.type,
+            topic=self.topic, key=self.key, partition=self.partition % partitions,
+            type=self.type,
             content_type=self.content_type, payload=self.payload,
             headers=json.loads(self.headers), correlation_id=self.correlation_id,
             causation_id=self.causation_id, tenant_id=self.tenant_id,
@@ -157,23 +159,120 @@ class MemoryStorage:
         lease_seconds: float,
         partitions: Sequence[int] | None = None,
         targets: Sequence[str] | None = None,
+        partition_count: int = DEFAULT_PARTITIONS,
     ) -> Claim:
         if limit < 0:
             raise ValueError("limit must not be negative")
+        count = require_partitions(partition_count)
         token = str(uuid.uuid4())
         parts = None if partitions is None else frozenset(partitions)
         names = None if targets is None else frozenset(targets)
         with self._lock:
             now = self._clock()
-            chosen = self._claimable(now, limit, parts, names)
+            chosen = self._claimable(now, limit, parts, count, names)
             for row in chosen:
                 row.status, row.locked_by, row.lock_token = Status.PROCESSING, worker, token
                 row.locked_until = now + float(lease_seconds)
-            messages = [row.message() for row in chosen]
+            messages = [row.message(count) for row in chosen]
         return Claim(token=token, worker=worker, messages=messages)
 
+    async def read(
+        self,
+        *,
+        limit: int,
+        partitions: Sequence[int] | None = None,
+        targets: Sequence[str] | None = None,
+        partition_count: int = DEFAULT_PARTITIONS,
+        in_flight: Collection[int] = (),
+    ) -> list[StoredMessage]:
+        """As the SQL reads choose: walk live rows of the partitions in seq order; a row
+        in flight, waiting, or claimed by a row-lease relay holds back its key."""
+        if limit < 0:
+            raise ValueError("limit must not be negative")
+        count = require_partitions(partition_count)
+        parts = None if partitions is None else frozenset(partitions)
+        names = None if targets is None else frozenset(targets)
+        busy = frozenset(in_flight)
+        taken: list[StoredMessage] = []
+        with self._lock:
+            now = self._clock()
+            stopped = {
+                (r.target, r.key)
+                for r in (self._rows.get(seq) for seq in busy)
+                if r is not None and r.key is not None
+            }
+            for row in self._rows.values():
+                if len(taken) >= limit:
+                    break
+                if row.status not in LIVE_STATES or (names is not None and row.target not in names):
+                    continue
+                chain = None if row.key is None else (row.target, row.key)
+                leased = row.status is Status.PROCESSING and not row.due(now)
+                waiting = row.status is not Status.PROCESSING and not row.due(now)
+                if chain is not None and (chain in stopped or leased or waiting):
+                    stopped.add(chain)  # across partitions too: a key never spans two
+                    continue
+                in_scope = parts is None or row.partition % count in parts
+                if not in_scope or leased or waiting or row.seq in busy:
+                    continue
+                taken.append(row.message(count))
+        return taken
+
+    async def settle_owned(
+        self,
+        worker: str,
+        *,
+        partition_count: int = DEFAULT_PARTITIONS,
+        failed: Sequence[Failure] = (),
+        abandoned: Sequence[Failure] = (),
+        published: Sequence[int] = (),
+        delete: bool = True,
+    ) -> Settled:
+        count = require_partitions(partition_count)
+        with self._lock:
+            now = self._clock()
+            held = {p for p, (owner, _) in self._owners.items() if owner == worker}
+
+            def owned(seq: int) -> _Row | None:
+                row = self._rows.get(seq)
+                if row is None or row.status not in LIVE_STATES:
+                    return None
+                return row if row.partition % count in held else None
+
+            failures = 0
+            for failure in failed:
+                if (row := owned(failure.seq)) is not None:
+                    row.unlock(Status.FAILED)
+                    row.attempts += 1
+                    row.last_error = failure.error
+                    row.available_at = now + float(failure.retry_in)
+                    failures += 1
+            given_up = 0
+            for failure in abandoned:
+                if (row := owned(failure.seq)) is not None:
+                    row.unlock(Status.ABANDONED)
+                    row.attempts += 1
+                    row.last_error = failure.error
+                    row.abandoned_at = now
+                    given_up += 1
+            done = 0
+            for seq in dict.fromkeys(published):
+                if (row := owned(seq)) is not None:
+                    if delete:
+                        del self._rows[seq]
+                    else:
+                        row.unlock(Status.PUBLISHED)
+                        row.published_at = now
+                    done += 1
+        return Settled(failures, given_up, done)
+
     def _claimable(
-        self, now: float, limit: int, parts: frozenset[int] | None, names: frozenset[str] | None
+        self,
+        now: float,
+        limit: int,
+        parts: frozenset[int] | None,
+        count: int,
+        names: frozenset[str] | None,
     ) -> list[_Row]:
         """The first `limit` due rows in seq order, as the SQL claims choose them.
 
@@ -193,7 +292,7 @@ class MemoryStorage:
             key = None if row.key is None else (row.target, row.key)
             if key is not None and key in held:
                 continue
-            wanted = (parts is None or row.partition in parts) and (
+            wanted = (parts is None or row.partition % count in parts) and (
                 names is None or row.target in names
             )
             if not row.due(now):
@@ -307,7 +406,9 @@ class MemoryStorage:
         oldest = now - min(waiting) if waiting else None
         return OutboxStats(counts=dict(counts), oldest_pending_age=oldest, active_leases=leases)
 
-    async def heartbeat(self, worker: str, *, partitions: int, lease_seconds: float) -> Assignment:
+    async def heartbeat(
+        self, worker: str, *, partitions: int, lease_seconds: float, busy: Collection[int] = ()
+    ) -> Assignment:
         count = require_partitions(partitions)
         with self._lock:
             now = self._clock()
@@ -315,12 +416,14 @@ class MemoryStorage:
             live = self._join(worker, now, until)
             held = [p for p, (owner, _) in self._owners.items() if owner == worker]
             self._owners.update((p, (worker, until)) for p in held)
-            plan = rebalance(held, count, live)
+            plan = rebalance(held, count, live, busy)
             for partition in plan.release:
                 del self._owners[partition]
             taken = [p for p in range(count) if self._free(p, now)][: plan.wanted]
             self._owners.update((p, (worker, until)) for p in taken)
-        return Assignment(frozenset([*plan.keep, *taken]), live)
+        return Assignment(
+            frozenset([*plan.keep, *plan.draining, *taken]), live, frozenset(plan.draining)
+        )
 
     def _join(self, worker: str, now: float, until: float) -> int:
         """End dead memberships, renew `worker`'s; the number alive. Call under the lock."""

@@ -4,7 +4,9 @@ Both drivers are PyMySQL-shaped and run the same `%s` SQL from sql/mysql/queries
 MySQL and MariaDB have no `UPDATE ... RETURNING`, so a claim is one short transaction:
 lock due candidates with `FOR UPDATE SKIP LOCKED`, drop those whose key is held back,
 lease the rest and read them back. The session runs READ COMMITTED, so the claim's
-locking reads take no gap locks that would stall writers, and UTC.
+locking reads take no gap locks that would stall writers, and UTC. The owned read of a
+relay that holds its partitions runs the same steps without locks and without the
+lease: it writes nothing.
 """
 
 from __future__ import annotations
@@ -13,14 +15,22 @@ import asyncio
 import itertools
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.lifecycle import Status
-from relaybox.core.partitions import Rebalance, rebalance, require_partitions
-from relaybox.core.records import Assignment, Claim, Failure, InsertRow, OutboxStats
+from relaybox.core.partitions import DEFAULT_PARTITIONS, Rebalance, rebalance, require_partitions
+from relaybox.core.records import (
+    Assignment,
+    Claim,
+    Failure,
+    InsertRow,
+    OutboxStats,
+    Settled,
+    StoredMessage,
+)
 from relaybox.errors import StorageError, StorageIntegrityError, StorageOperationalError
 from relaybox.sql.inserts import inserts
 from relaybox.storage.rows import by_seq, lease_token
@@ -243,18 +253,20 @@ class MySQLStorage:
         lease_seconds: float,
         partitions: Sequence[int] | None = None,
         targets: Sequence[str] | None = None,
+        partition_count: int = DEFAULT_PARTITIONS,
     ) -> Claim:
         token = str(uuid.uuid4())
+        count = require_partitions(partition_count)
         if (
             limit < 1
             or (partitions is not None and not partitions)
             or (targets is not None and not targets)
         ):
             return Claim(token=token, worker=worker, messages=[])
-        filters, values = _filters(partitions, targets)
+        filters, values = _filters(partitions, targets, count)
 
         async def lease(driver: _Driver) -> list[Sequence[Any]]:
-            candidates = await self._candidates(driver, limit, filters, values)
+            candidates = await self._candidates(driver, limit, filters, values, lock=True)
             ready = await self._unblocked(driver, candidates)
             if not ready:
                 return []
@@ -263,17 +275,79 @@ class MySQLStorage:
             return await driver.fetch(self._query("claim_rows", seqs=len(ready)), ready)
 
         found = await self._run(lease, transaction=True)
-        return Claim(token=token, worker=worker, messages=by_seq(found))
+        return Claim(token=token, worker=worker, messages=by_seq(found, count))
+
+    async def read(
+        self,
+        *,
+        limit: int,
+        partitions: Sequence[int] | None = None,
+        targets: Sequence[str] | None = None,
+        partition_count: int = DEFAULT_PARTITIONS,
+        in_flight: Collection[int] = (),
+    ) -> list[StoredMessage]:
+        count = require_partitions(partition_count)
+        if (
+            limit < 1
+            or (partitions is not None and not partitions)
+            or (targets is not None and not targets)
+        ):
+            return []
+        busy = sorted(int(s) for s in in_flight)
+
+        async def read(driver: _Driver) -> list[Sequence[Any]]:
+            keys: list[Sequence[Any]] = []
+            if busy:
+                keys = await driver.fetch(self._query("busy_keys", seqs=len(busy)), busy)
+            filters, values = _filters(partitions, targets, count, busy, keys)
+            candidates = await self._candidates(driver, limit, filters, values, lock=False)
+            ready = await self._unblocked(driver, candidates)
+            if not ready:
+                return []
+            return await driver.fetch(self._query("claim_rows", seqs=len(ready)), ready)
+
+        return by_seq(await self._run(read), count)
+
+    async def settle_owned(
+        self,
+        worker: str,
+        *,
+        partition_count: int = DEFAULT_PARTITIONS,
+        failed: Sequence[Failure] = (),
+        abandoned: Sequence[Failure] = (),
+        published: Sequence[int] = (),
+        delete: bool = True,
+    ) -> Settled:
+        fence = [require_partitions(partition_count), worker]
+        failures = [[f.seq, _text(f.error), float(f.retry_in)] for f in _ordered(failed)]
+        given_up = [[f.seq, _text(f.error)] for f in _ordered(abandoned)]
+        done = sorted(int(s) for s in published)
+
+        async def settle(driver: _Driver) -> Settled:
+            counts = [0, 0, 0]
+            for index, (name, rows) in enumerate((("fail_owned", failures),
+                                                  ("abandon_owned", given_up))):  # fmt: skip
+                if rows:
+                    args = [json.dumps(rows, ensure_ascii=False), *fence]
+                    counts[index] = await driver.execute(self._queries[name], args)
+            if done:
+                query = self._query("delete_owned" if delete else "publish_owned", seqs=len(done))
+                counts[2] = await driver.execute(query, [*done, *fence])
+            return Settled(*counts)
+
+        return await self._run(settle, transaction=True)
 
     async def _candidates(
-        self, driver: _Driver, limit: int, filters: str, values: list[Any]
+        self, driver: _Driver, limit: int, filters: str, values: list[Any], *, lock: bool
     ) -> list[Candidate]:
-        """Lock the first `limit` due rows in seq order, one live-index range per status."""
+        """The first `limit` due rows in seq order, one live-index range per status;
+        locked (FOR UPDATE SKIP LOCKED) when `lock`."""
         found: list[Candidate] = []
         bound = _MAX_SEQ
-        due = self._query("claim_due", filters=filters)
-        for query, head in ((due, ["pending"]), (due, ["failed"]),
-                            (self._query("claim_expired", filters=filters), [])):  # fmt: skip
+        marker = "FOR UPDATE SKIP LOCKED" if lock else ""
+        due = self._query("claim_due", filters=filters).replace("{lock}", marker)
+        expired = self._query("claim_expired", filters=filters).replace("{lock}", marker)
+        for query, head in ((due, ["pending"]), (due, ["failed"]), (expired, [])):
             rows = await driver.fetch(query, [*head, bound, *values, limit])
             found = sorted([*found, *((int(s), t, k) for s, t, k in rows)])[:limit]
             if len(found) == limit:
@@ -362,7 +436,9 @@ class MySQLStorage:
 
         return await self._run(read)
 
-    async def heartbeat(self, worker: str, *, partitions: int, lease_seconds: float) -> Assignment:
+    async def heartbeat(
+        self, worker: str, *, partitions: int, lease_seconds: float, busy: Collection[int] = ()
+    ) -> Assignment:
         count, lease = require_partitions(partitions), float(lease_seconds)
 
         async def beat(driver: _Driver) -> Assignment:
@@ -372,9 +448,12 @@ class MySQLStorage:
             ((live,),) = await driver.fetch(self._queries["members_live"], None)
             await driver.execute(self._queries["partitions_renew"], [lease, worker])
             held = await driver.fetch(self._queries["partitions_held"], [worker])
-            plan = rebalance((int(p) for (p,) in held), count, int(live))
+            plan = rebalance((int(p) for (p,) in held), count, int(live), busy)
             taken = await self._settle(driver, worker, lease, count, plan)
-            return Assignment(frozenset([*plan.keep, *taken]), int(live))
+            return Assignment(
+                frozenset([*plan.keep, *plan.draining, *taken]), int(live),
+                frozenset(plan.draining),
+            )  # fmt: skip
 
         return await self._run(beat, transaction=True)
 
@@ -437,16 +516,29 @@ def _marks(count: int) -> str:
 
 
 def _filters(
-    partitions: Sequence[int] | None, targets: Sequence[str] | None
+    partitions: Sequence[int] | None,
+    targets: Sequence[str] | None,
+    count: int,
+    busy: Sequence[int] = (),
+    busy_keys: Sequence[Sequence[Any]] = (),
 ) -> tuple[str, list[Any]]:
+    """The claim's row filters: partitions (stored hash modulo `count`), targets, and
+    for an owned read what is in flight (its rows, and its keys' other rows)."""
     text: list[str] = []
     values: list[Any] = []
     if partitions is not None:
-        text.append(f"AND `partition` IN ({_marks(len(partitions))})")
-        values.extend(int(p) for p in partitions)
+        text.append(f"AND MOD(`partition`, %s) IN ({_marks(len(partitions))})")
+        values.extend([count, *(int(p) for p in partitions)])
     if targets is not None:
         text.append(f"AND target IN ({_marks(len(targets))})")
         values.extend(str(t) for t in targets)
+    if busy_keys:
+        pairs = ", ".join(["(%s, %s)"] * len(busy_keys))
+        text.append(f"AND (live_key IS NULL OR (target, live_key) NOT IN ({pairs}))")
+        values.extend(itertools.chain.from_iterable(busy_keys))
+    if busy:
+        text.append(f"AND seq NOT IN ({_marks(len(busy))})")
+        values.extend(busy)
     return " ".join(text), values
 
 

@@ -10,22 +10,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Protocol, TypeVar
 
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.lifecycle import Status
 from relaybox.core.partitions import (
+    DEFAULT_PARTITIONS,
     Rebalance,
     claim_lock_key,
     rebalance,
     require_partitions,
 )
-from relaybox.core.records import Assignment, Claim, Failure, InsertRow, OutboxStats
+from relaybox.core.records import (
+    Assignment,
+    Claim,
+    Failure,
+    InsertRow,
+    OutboxStats,
+    Settled,
+    StoredMessage,
+)
 from relaybox.errors import StorageError, StorageIntegrityError, StorageOperationalError
 from relaybox.sql.inserts import inserts
-from relaybox.storage.rows import by_seq, lease_token
+from relaybox.storage.rows import by_seq, decode, decode_exact, lease_token
 from relaybox.storage.urls import DatabaseUrl
 
 T = TypeVar("T")
@@ -211,10 +220,11 @@ class PostgresStorage:
         lease_seconds: float,
         partitions: Sequence[int] | None = None,
         targets: Sequence[str] | None = None,
+        partition_count: int = DEFAULT_PARTITIONS,
     ) -> Claim:
         token = uuid.uuid4()
-        args = [worker, limit, _list(partitions), _list(targets), token, float(lease_seconds),
-                self._lock_key]  # fmt: skip
+        args = [worker, limit, _list(partitions), require_partitions(partition_count),
+                _list(targets), token, float(lease_seconds), self._lock_key]  # fmt: skip
         found = await self._run("claim", args, rows=True)
         claimed = [row[1:] for row in found if not row[0]]
         if len(claimed) < len(found) and len(claimed) < limit:
@@ -224,7 +234,38 @@ class PostgresStorage:
             claimed.extend(
                 row[1:] for row in await self._run("claim", args, rows=True) if not row[0]
             )
-        return Claim(str(token), worker, by_seq(claimed))
+        return Claim(str(token), worker, by_seq(claimed, partition_count))
+
+    async def read(
+        self,
+        *,
+        limit: int,
+        partitions: Sequence[int] | None = None,
+        targets: Sequence[str] | None = None,
+        partition_count: int = DEFAULT_PARTITIONS,
+        in_flight: Collection[int] = (),
+    ) -> list[StoredMessage]:
+        args = [limit, _list(partitions), require_partitions(partition_count), _list(targets),
+                list(in_flight)]  # fmt: skip
+        decoder = decode if self._url.driver == "psycopg" else decode_exact
+        return [decoder(row, partition_count) for row in await self._run("read", args, rows=True)]
+
+    async def settle_owned(
+        self,
+        worker: str,
+        *,
+        partition_count: int = DEFAULT_PARTITIONS,
+        failed: Sequence[Failure] = (),
+        abandoned: Sequence[Failure] = (),
+        published: Sequence[int] = (),
+        delete: bool = True,
+    ) -> Settled:
+        args = [worker, require_partitions(partition_count),
+                [f.seq for f in failed], [f.error for f in failed],
+                [float(f.retry_in) for f in failed], [f.seq for f in abandoned],
+                [f.error for f in abandoned], list(published), delete]  # fmt: skip
+        ((failed_n, abandoned_n, published_n),) = await self._run("settle_owned", args, rows=True)
+        return Settled(int(failed_n), int(abandoned_n), int(published_n))
 
     async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
         name = "delete_published" if delete else "mark_published"
@@ -276,7 +317,9 @@ class PostgresStorage:
         ((leases,),) = await self._run("active_leases", [], rows=True)
         return OutboxStats(counts=counts, oldest_pending_age=age, active_leases=int(leases))
 
-    async def heartbeat(self, worker: str, *, partitions: int, lease_seconds: float) -> Assignment:
+    async def heartbeat(
+        self, worker: str, *, partitions: int, lease_seconds: float, busy: Collection[int] = ()
+    ) -> Assignment:
         count, lease = require_partitions(partitions), float(lease_seconds)
 
         async def beat(driver: _Driver) -> Assignment:
@@ -285,9 +328,12 @@ class PostgresStorage:
             await driver.execute(self._queries["partitions_create"], (count,))
             ((live,),) = await driver.fetch(self._queries["members_live"], ())
             held = await driver.fetch(self._queries["partitions_renew"], (worker, lease))
-            plan = rebalance((p for (p,) in held), count, int(live))
+            plan = rebalance((p for (p,) in held), count, int(live), busy)
             taken = await self._settle(driver, worker, lease, count, plan)
-            return Assignment(frozenset([*plan.keep, *taken]), int(live))
+            return Assignment(
+                frozenset([*plan.keep, *plan.draining, *taken]), int(live),
+                frozenset(plan.draining),
+            )  # fmt: skip
 
         return await self._atomic(beat)
 

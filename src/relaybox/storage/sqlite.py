@@ -18,7 +18,7 @@ import contextlib
 import json
 import sqlite3
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 import aiosqlite
@@ -26,8 +26,16 @@ import aiosqlite
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.lifecycle import Status
-from relaybox.core.partitions import Rebalance, rebalance, require_partitions
-from relaybox.core.records import Assignment, Claim, Failure, InsertRow, OutboxStats
+from relaybox.core.partitions import DEFAULT_PARTITIONS, Rebalance, rebalance, require_partitions
+from relaybox.core.records import (
+    Assignment,
+    Claim,
+    Failure,
+    InsertRow,
+    OutboxStats,
+    Settled,
+    StoredMessage,
+)
 from relaybox.errors import (
     SchemaError,
     StorageError,
@@ -35,7 +43,7 @@ from relaybox.errors import (
     StorageOperationalError,
 )
 from relaybox.sql.inserts import inserts
-from relaybox.storage.rows import by_seq, lease_token
+from relaybox.storage.rows import by_seq, decode, lease_token
 from relaybox.storage.urls import DatabaseUrl
 
 BUSY_TIMEOUT_MS = 5000
@@ -151,14 +159,60 @@ class SQLiteStorage:
         lease_seconds: float,
         partitions: Sequence[int] | None = None,
         targets: Sequence[str] | None = None,
+        partition_count: int = DEFAULT_PARTITIONS,
     ) -> Claim:
         if limit < 0:
             raise ValueError("limit must not be negative")
+        count = require_partitions(partition_count)
         token = str(uuid.uuid4())
         parts, names = _json(partitions), _json(targets)
-        args = [parts, parts, names, names, limit, worker, token, float(lease_seconds)]
+        args = [parts, count, parts, names, names, limit, worker, token, float(lease_seconds)]
         found = await self._transaction([(self._queries["claim"], args)])
-        return Claim(token=token, worker=worker, messages=by_seq(found))
+        return Claim(token=token, worker=worker, messages=by_seq(found, count))
+
+    async def read(
+        self,
+        *,
+        limit: int,
+        partitions: Sequence[int] | None = None,
+        targets: Sequence[str] | None = None,
+        partition_count: int = DEFAULT_PARTITIONS,
+        in_flight: Collection[int] = (),
+    ) -> list[StoredMessage]:
+        if limit < 0:
+            raise ValueError("limit must not be negative")
+        count = require_partitions(partition_count)
+        parts, names = _json(partitions), _json(targets)
+        busy = _json(sorted(in_flight))
+        args = [busy, parts, count, parts, names, names, busy, limit]
+        return [decode(row, count) for row in await self._fetch("read", args)]
+
+    async def settle_owned(
+        self,
+        worker: str,
+        *,
+        partition_count: int = DEFAULT_PARTITIONS,
+        failed: Sequence[Failure] = (),
+        abandoned: Sequence[Failure] = (),
+        published: Sequence[int] = (),
+        delete: bool = True,
+    ) -> Settled:
+        count = require_partitions(partition_count)
+        fence = (count, worker)
+        steps = [
+            ("fail_owned", json.dumps([[f.seq, f.error, float(f.retry_in)] for f in failed])),
+            ("abandon_owned", json.dumps([[f.seq, f.error] for f in abandoned])),
+            ("delete_owned" if delete else "publish_owned", _json(published)),
+        ]
+
+        async def run(connection: aiosqlite.Connection) -> Settled:
+            counts = []
+            for name, rows in steps:
+                async with connection.execute(self._queries[name], (rows, *fence)) as cursor:
+                    counts.append(cursor.rowcount)
+            return Settled(*counts)
+
+        return await self._atomic(run)
 
     async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
         name = "delete_published" if delete else "mark_published"
@@ -206,7 +260,9 @@ class SQLiteStorage:
         age = None if age is None else max(0.0, float(age))
         return OutboxStats(counts=counts, oldest_pending_age=age, active_leases=int(leases))
 
-    async def heartbeat(self, worker: str, *, partitions: int, lease_seconds: float) -> Assignment:
+    async def heartbeat(
+        self, worker: str, *, partitions: int, lease_seconds: float, busy: Collection[int] = ()
+    ) -> Assignment:
         count, lease = require_partitions(partitions), float(lease_seconds)
 
         async def beat(connection: aiosqlite.Connection) -> Assignment:
@@ -217,9 +273,12 @@ class SQLiteStorage:
             held = await connection.execute_fetchall(
                 self._queries["partitions_renew"], (lease, worker)
             )
-            plan = rebalance((p for (p,) in held), count, int(live))
+            plan = rebalance((p for (p,) in held), count, int(live), busy)
             taken = await self._settle(connection, worker, lease, count, plan)
-            return Assignment(frozenset([*plan.keep, *taken]), int(live))
+            return Assignment(
+                frozenset([*plan.keep, *plan.draining, *taken]), int(live),
+                frozenset(plan.draining),
+            )  # fmt: skip
 
         return await self._atomic(beat)
 

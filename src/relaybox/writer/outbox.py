@@ -9,7 +9,6 @@ from typing import Any
 
 from relaybox.core.identifiers import DEFAULT_TABLE, notify_channel, validate_table_name
 from relaybox.core.message import Message, Target
-from relaybox.core.partitions import DEFAULT_PARTITIONS
 from relaybox.core.payload import DEFAULT_MAX_PAYLOAD_BYTES, check_size
 from relaybox.core.records import InsertRow, Routing
 from relaybox.errors import ConfigurationError
@@ -58,12 +57,11 @@ class Outbox:
         table: str = DEFAULT_TABLE,
         targets: Iterable[str | Target] | None = None,
         default_targets: Iterable[str] | None = None,
-        partitions: int = DEFAULT_PARTITIONS,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         notify: bool | float = False,
     ) -> None:
         self.table = validate_table_name(table)
-        self.routing = Routing.of(targets, default_targets, partitions)
+        self.routing = Routing.of(targets, default_targets)
         self.max_payload_bytes = max_payload_bytes
         self.notify_interval = _notify_interval(notify)
         self.notify_channel = notify_channel(self.table)

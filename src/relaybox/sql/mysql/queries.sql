@@ -34,7 +34,9 @@ VALUES;
 
 -- name: claim_due
 -- Step 1 of a claim, run once for 'pending' and once for 'failed', each one range of
--- the live index in seq order. Rows behind a head of their key that is not due or is
+-- the live index in seq order. A claim locks the rows it finds (the lock marker is
+-- FOR UPDATE SKIP LOCKED); the owned read of a relay that holds its partitions reads
+-- them without locks (the marker is empty). Rows behind a head of their key that is not due or is
 -- leased are skipped here, so a long blocked backlog never uses up the limit. Parameters: status, seq bound, filter values, limit.
 SELECT seq, target, `key` FROM {table} o FORCE INDEX ({prefix}_live_ix)
 WHERE status = %s AND seq < %s AND available_at <= UTC_TIMESTAMP(6) {filters}
@@ -45,7 +47,7 @@ WHERE status = %s AND seq < %s AND available_at <= UTC_TIMESTAMP(6) {filters}
              OR (h.status IN ('pending', 'failed') AND h.available_at > UTC_TIMESTAMP(6)))))
 ORDER BY seq
 LIMIT %s
-FOR UPDATE SKIP LOCKED;
+{lock};
 
 -- name: claim_expired
 -- Step 1, processing rows whose lease ran out. Parameters: seq bound, filter values,
@@ -59,7 +61,7 @@ WHERE status = 'processing' AND seq < %s AND locked_until < UTC_TIMESTAMP(6) {fi
              OR (h.status IN ('pending', 'failed') AND h.available_at > UTC_TIMESTAMP(6)))))
 ORDER BY seq
 LIMIT %s
-FOR UPDATE SKIP LOCKED;
+{lock};
 
 -- name: claim_blockers
 -- Step 2, per-key order: for each candidate (target, key), the earliest live row that
@@ -70,6 +72,11 @@ FOR UPDATE SKIP LOCKED;
 SELECT target, live_key, MIN(seq) FROM {table} FORCE INDEX ({prefix}_key_ix)
 WHERE (target, live_key) IN ({pairs}) AND seq < %s AND seq NOT IN ({seqs})
 GROUP BY target, live_key;
+
+-- name: busy_keys
+-- The keys of rows an owned read has in flight. Parameters: their seqs.
+SELECT DISTINCT target, live_key FROM {table}
+WHERE seq IN ({seqs}) AND live_key IS NOT NULL;
 
 -- name: claim_lease
 -- Step 3. Parameters: worker, token, lease seconds, seqs.
@@ -86,6 +93,51 @@ SELECT seq, id, target, external, topic, `key`, `partition`, type, content_type,
 FROM {table}
 WHERE seq IN ({seqs})
 ORDER BY seq;
+
+-- The owned settle of a relay that holds its partitions: each statement changes only
+-- live rows in partitions the worker holds (stored hash modulo the partition count);
+-- one transaction runs them all.
+
+-- name: fail_owned
+-- Parameters: a JSON array of [seq, error, retry_in seconds], partition count, worker.
+UPDATE {table} o
+JOIN JSON_TABLE(%s, '$[*]' COLUMNS (
+        seq BIGINT PATH '$[0]',
+        error LONGTEXT PATH '$[1]',
+        retry_in DOUBLE PATH '$[2]')) f
+    ON o.seq = f.seq
+SET o.status = 'failed', o.attempts = o.attempts + 1, o.last_error = f.error,
+    o.available_at = UTC_TIMESTAMP(6) + INTERVAL ROUND(f.retry_in * 1000000) MICROSECOND,
+    o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
+WHERE o.status IN ('pending', 'processing', 'failed')
+  AND MOD(o.`partition`, %s) IN (SELECT `partition` FROM {table}_partitions WHERE owner = %s);
+
+-- name: abandon_owned
+-- Parameters: a JSON array of [seq, error], partition count, worker.
+UPDATE {table} o
+JOIN JSON_TABLE(%s, '$[*]' COLUMNS (
+        seq BIGINT PATH '$[0]',
+        error LONGTEXT PATH '$[1]')) f
+    ON o.seq = f.seq
+SET o.status = 'abandoned', o.attempts = o.attempts + 1, o.last_error = f.error,
+    o.abandoned_at = UTC_TIMESTAMP(6),
+    o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
+WHERE o.status IN ('pending', 'processing', 'failed')
+  AND MOD(o.`partition`, %s) IN (SELECT `partition` FROM {table}_partitions WHERE owner = %s);
+
+-- name: delete_owned
+-- Parameters: seqs, partition count, worker.
+DELETE FROM {table}
+WHERE seq IN ({seqs}) AND status IN ('pending', 'processing', 'failed')
+  AND MOD(`partition`, %s) IN (SELECT `partition` FROM {table}_partitions WHERE owner = %s);
+
+-- name: publish_owned
+-- Parameters: seqs, partition count, worker.
+UPDATE {table}
+SET status = 'published', published_at = UTC_TIMESTAMP(6),
+    locked_by = NULL, locked_until = NULL, lock_token = NULL
+WHERE seq IN ({seqs}) AND status IN ('pending', 'processing', 'failed')
+  AND MOD(`partition`, %s) IN (SELECT `partition` FROM {table}_partitions WHERE owner = %s);
 
 -- name: mark_published
 UPDATE {table}

@@ -87,11 +87,61 @@ FROM (SELECT count(*) FROM key_lock) AS locked, pg_notify($18::text, '') AS woke
 ORDER BY r.ord;
 
 -- name: claim
--- One call of the claim function (migrations/0004_claim_window.sql explains it).
--- $1 worker, $2 limit, $3 partitions or NULL, $4 targets or NULL, $5 token, $6 lease s,
--- $7 the table's claim-lock key.
-SELECT * FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::text[], $5::uuid,
-    $6::float8, $7::integer);
+-- One call of the claim function (migrations 0004 and 0005 explain it).
+-- $1 worker, $2 limit, $3 partitions or NULL, $4 partition count, $5 targets or NULL,
+-- $6 token, $7 lease s, $8 the table's claim-lock key.
+SELECT * FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::integer, $5::text[],
+    $6::uuid, $7::float8, $8::integer);
+
+-- name: read
+-- The owned read (migrations/0005_owned_partitions.sql): $1 limit, $2 partitions or
+-- NULL, $3 partition count, $4 targets or NULL, $5 the seqs in flight.
+SELECT * FROM {prefix}_read($1::integer, $2::integer[], $3::integer, $4::text[],
+    $5::bigint[]);
+
+-- name: settle_owned
+-- Everything a relay that holds partitions learned about rows it read, in one
+-- statement: $1 worker, $2 partition count; failed ($3 seqs, $4 errors, $5 retry-in
+-- seconds), abandoned ($6 seqs, $7 errors), published ($8 seqs; $9 true: delete them,
+-- false: keep them as published). Only rows still live in a partition the worker holds
+-- are touched (the fence: a relay that lost a partition changes nothing there). Counts
+-- come back in that order.
+WITH owned AS MATERIALIZED (
+    SELECT p.partition FROM {table}_partitions p WHERE p.owner = $1::text
+), failed AS (
+    UPDATE {table} o
+    SET status = 'failed', attempts = o.attempts + 1, last_error = f.error,
+        available_at = now() + f.retry_in * interval '1 second',
+        locked_by = NULL, locked_until = NULL, lock_token = NULL
+    FROM unnest($3::bigint[], $4::text[], $5::float8[]) AS f(seq, error, retry_in)
+    WHERE o.seq = f.seq AND o.published_at IS NULL AND o.abandoned_at IS NULL
+      AND o.partition % $2::integer IN (SELECT partition FROM owned)
+    RETURNING 1
+), abandoned AS (
+    UPDATE {table} o
+    SET status = 'abandoned', attempts = o.attempts + 1, last_error = f.error,
+        abandoned_at = now(), locked_by = NULL, locked_until = NULL, lock_token = NULL
+    FROM unnest($6::bigint[], $7::text[]) AS f(seq, error)
+    WHERE o.seq = f.seq AND o.published_at IS NULL AND o.abandoned_at IS NULL
+      AND o.partition % $2::integer IN (SELECT partition FROM owned)
+    RETURNING 1
+), deleted AS (
+    DELETE FROM {table} o
+    WHERE $9::boolean AND o.seq = ANY($8::bigint[])
+      AND o.published_at IS NULL AND o.abandoned_at IS NULL
+      AND o.partition % $2::integer IN (SELECT partition FROM owned)
+    RETURNING 1
+), kept AS (
+    UPDATE {table} o
+    SET status = 'published', published_at = now(),
+        locked_by = NULL, locked_until = NULL, lock_token = NULL
+    WHERE NOT $9::boolean AND o.seq = ANY($8::bigint[])
+      AND o.published_at IS NULL AND o.abandoned_at IS NULL
+      AND o.partition % $2::integer IN (SELECT partition FROM owned)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM failed), (SELECT count(*) FROM abandoned),
+    (SELECT count(*) FROM deleted) + (SELECT count(*) FROM kept);
 
 -- name: mark_published
 UPDATE {table}

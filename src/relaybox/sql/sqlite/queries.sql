@@ -30,8 +30,9 @@ VALUES;
 
 -- name: claim
 -- Run inside BEGIN IMMEDIATE, which serializes claims between processes.
--- partitions JSON or NULL (twice), targets JSON or NULL (twice), limit, worker, token,
--- lease seconds. Same rule as PostgreSQL: a candidate is dropped when an earlier live
+-- partitions JSON or NULL, partition count, partitions again, targets JSON or NULL
+-- (twice), limit, worker, token, lease seconds. A row's partition is its stored hash
+-- modulo the count. Same rule as PostgreSQL: a candidate is dropped when an earlier live
 -- row of its (target, key) is not itself a candidate.
 -- Rows behind a head that is not due or is leased are skipped inside the scan, so a
 -- key with a long blocked backlog never uses up the limit for the other keys.
@@ -41,7 +42,7 @@ WITH candidates AS MATERIALIZED (
       AND CASE WHEN status = 'processing'
                THEN locked_until <= strftime('%Y-%m-%d %H:%M:%f', 'now')
                ELSE available_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') END
-      AND (? IS NULL OR "partition" IN (SELECT value FROM json_each(?)))
+      AND (? IS NULL OR "partition" % ? IN (SELECT value FROM json_each(?)))
       AND (? IS NULL OR target IN (SELECT value FROM json_each(?)))
       AND ("key" IS NULL OR NOT EXISTS (
           SELECT 1 FROM {table} h
@@ -67,6 +68,79 @@ WHERE seq IN (SELECT seq FROM claimable)
 RETURNING seq, id, target, external, topic, "key", "partition", type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
     created_at, attempts;
+
+-- name: read
+-- The owned read of a relay that holds its partitions: due rows, oldest first, that
+-- no earlier live row of their (target, key) holds back (waiting, or claimed by a
+-- row-lease relay), leaving out what the relay has in flight. Nothing is written.
+-- seqs in flight JSON, partitions JSON or NULL, partition count, partitions again,
+-- targets JSON or NULL (twice), seqs in flight again, limit.
+WITH busy(target, "key") AS MATERIALIZED (
+    SELECT target, "key" FROM {table}
+    WHERE seq IN (SELECT value FROM json_each(?)) AND "key" IS NOT NULL
+)
+SELECT seq, id, target, external, topic, "key", "partition", type, content_type,
+    payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
+    created_at, attempts
+FROM {table} o
+WHERE status IN ('pending', 'processing', 'failed')
+  AND CASE WHEN status = 'processing'
+           THEN locked_until <= strftime('%Y-%m-%d %H:%M:%f', 'now')
+           ELSE available_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') END
+  AND (? IS NULL OR "partition" % ? IN (SELECT value FROM json_each(?)))
+  AND (? IS NULL OR target IN (SELECT value FROM json_each(?)))
+  AND ("key" IS NULL OR NOT EXISTS (
+      SELECT 1 FROM busy b WHERE b.target = o.target AND b."key" = o."key"))
+  AND seq NOT IN (SELECT value FROM json_each(?))
+  AND ("key" IS NULL OR NOT EXISTS (
+      SELECT 1 FROM {table} h
+      WHERE h.target = o.target AND h."key" = o."key" AND h.seq < o.seq
+        AND h."key" IS NOT NULL AND h.status IN ('pending', 'processing', 'failed')
+        AND CASE WHEN h.status = 'processing'
+                 THEN h.locked_until > strftime('%Y-%m-%d %H:%M:%f', 'now')
+                 ELSE h.available_at > strftime('%Y-%m-%d %H:%M:%f', 'now') END))
+ORDER BY seq
+LIMIT ?;
+
+-- The owned settle: each statement changes only live rows in partitions the worker
+-- holds (stored hash modulo the partition count); one transaction runs them all.
+
+-- name: fail_owned
+-- failures JSON [[seq, error, retry_in], ...], partition count, worker.
+UPDATE {table} AS o
+SET status = 'failed', attempts = o.attempts + 1, last_error = f.error,
+    available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', f.retry_in)),
+    locked_by = NULL, locked_until = NULL, lock_token = NULL
+FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS error,
+             json_extract(value, '$[2]') AS retry_in
+      FROM json_each(?)) AS f
+WHERE o.seq = f.seq AND o.status IN ('pending', 'processing', 'failed')
+  AND o."partition" % ? IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?);
+
+-- name: abandon_owned
+-- failures JSON [[seq, error], ...], partition count, worker.
+UPDATE {table} AS o
+SET status = 'abandoned', attempts = o.attempts + 1, last_error = f.error,
+    abandoned_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
+    locked_by = NULL, locked_until = NULL, lock_token = NULL
+FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS error
+      FROM json_each(?)) AS f
+WHERE o.seq = f.seq AND o.status IN ('pending', 'processing', 'failed')
+  AND o."partition" % ? IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?);
+
+-- name: delete_owned
+-- seqs JSON, partition count, worker.
+DELETE FROM {table}
+WHERE seq IN (SELECT value FROM json_each(?)) AND status IN ('pending', 'processing', 'failed')
+  AND "partition" % ? IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?);
+
+-- name: publish_owned
+-- seqs JSON, partition count, worker.
+UPDATE {table}
+SET status = 'published', published_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
+    locked_by = NULL, locked_until = NULL, lock_token = NULL
+WHERE seq IN (SELECT value FROM json_each(?)) AND status IN ('pending', 'processing', 'failed')
+  AND "partition" % ? IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?);
 
 -- name: mark_published
 -- seqs JSON, token.
