@@ -89,7 +89,7 @@ class FakeConnection:
     async def send_packed_command(self, command: bytes) -> None:
         self.sent.append(command)
 
-    async def read_response(self) -> bytes:
+    async def read_response(self, timeout: float | None = None) -> bytes:
         reply = self.replies.pop(0)
         if isinstance(reply, Exception):
             raise reply
