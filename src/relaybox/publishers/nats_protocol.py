@@ -43,25 +43,33 @@ _ERROR_KEY = b'"error"'
 
 
 def header_block(headers: Mapping[str, str]) -> bytes:
-    """`NATS/1.0\\r\\n`, one `name: value\\r\\n` per header, `\\r\\n`: nats-py's bytes.
+    """`NATS/1.0\r\n`, one `name: value\r\n` per header, `\r\n`: nats-py's bytes.
 
     Raises `BadHeaderError` for a name that is not a token, as nats-py does.
     """
     lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
-    count = len(headers)
-    values = list(headers.values())
-    # Checked all at once (a regex over the block costs 3.5 us, these 1.5 us together):
-    # no CR or LF inside a value, nothing to strip, every name a non-empty token.
-    clean = (
+    tokens = all(headers) and _NAME.fullmatch("".join(headers)) is not None
+    if not (tokens and _plain(lines, list(headers.values()))):
+        lines = _careful_lines(headers)
+    return f"{HEADER_LINE}{lines}\r\n".encode()
+
+
+def block_of_lines(lines: str, values: list[str]) -> bytes | None:
+    """The header block of `lines`, formatted as `header_block` does from names known
+    to be tokens and these `values`, one line each; None if a value needs nats-py's
+    cleaning (then `header_block` gives the block)."""
+    return f"{HEADER_LINE}{lines}\r\n".encode() if _plain(lines, values) else None
+
+
+def _plain(lines: str, values: list[str]) -> bool:
+    """No value holds CR or LF, none has anything to strip: nats-py would send them as
+    they are. Checked for a block at once (a regex over it cost 3.5 us, this 1 us)."""
+    count = len(values)
+    return (
         lines.count("\n") == count
         and lines.count("\r") == count
         and [value.strip() for value in values] == values
-        and all(headers)
-        and _NAME.fullmatch("".join(headers)) is not None
     )
-    if not clean and count:
-        lines = _careful_lines(headers)
-    return f"{HEADER_LINE}{lines}\r\n".encode()
 
 
 def _careful_lines(headers: Mapping[str, str]) -> str:
