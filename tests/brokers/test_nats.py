@@ -455,3 +455,17 @@ async def test_one_call_settles_each_message_from_its_own_reply(shared: NatsHarn
     assert outcomes(results) == expected
     assert len(await shared.wait_for(first, 200)) == 200
     assert len(await shared.wait_for(second, 99)) == 99  # 150 went nowhere
+
+
+async def test_text_utf8_cannot_carry_fails_its_message_alone(shared: NatsHarness) -> None:
+    topic = unique_topic()
+    await shared.prepare(topic)
+    broken = stored(topic, headers={"x-bad": "\ud800"})
+    wide = stored(topic, key="clé-📦", headers={"x-e": "naïve café"}, type="commande.payée")
+    async with started(shared.publisher()) as publisher:
+        results = await publisher.publish([broken, wide, stored(f"{topic}\udc80")])
+    assert outcomes(results) == [Outcome.PERMANENT, Outcome.ACKED, Outcome.PERMANENT]
+    (got,) = await shared.wait_for(topic, 1)
+    # Only the id: nats-py's get_msg, which the harness reads with, returns non-ASCII
+    # header values as email.header.Header objects (a delivered message has strings).
+    assert got.id == str(wide.id)

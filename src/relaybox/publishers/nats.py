@@ -170,10 +170,11 @@ class _Acks:
     async def listen(self) -> None:
         await self._client.subscribe(self._prefix + "*", cb=self._on_reply)
 
-    def expect(self, call: _Call, index: int) -> str:
-        reply = f"{self._prefix}{next(self._tokens)}"
+    def reply_subject(self) -> str:
+        return f"{self._prefix}{next(self._tokens)}"
+
+    def expect(self, reply: str, call: _Call, index: int) -> None:
         self._waiting[reply] = (call, index)
-        return reply
 
     def forget(self, replies: list[str]) -> None:
         waiting = self._waiting
@@ -303,23 +304,31 @@ class NatsPublisher:
         frames: list[bytes] = []
         limit = client.max_payload
         for index, message in enumerate(messages):
-            topic = message.topic
-            try:
-                nats_protocol.check_subject(topic)
-                block = header_block(message, self._source)
-            except (BadSubjectError, BadHeaderError) as error:
-                call.settle(index, permanent(f"NATS refused {topic!r}: {error}"))
+            reply = acks.reply_subject()
+            frame = self._frame(message, reply, limit)
+            if isinstance(frame, PublishResult):
+                call.settle(index, frame)
                 continue
-            size = len(block) + len(message.payload)
-            if size > limit:
-                call.settle(index, permanent(
-                    f"message of {size} bytes exceeds the NATS server's max_payload of {limit}"
-                ))  # fmt: skip
-                continue
-            reply = acks.expect(call, index)
+            acks.expect(reply, call, index)
             replies.append(reply)
-            frames += nats_protocol.hpub(topic, reply, block, message.payload)
+            frames += frame
         return frames
+
+    def _frame(self, message: StoredMessage, reply: str, limit: int) -> list[bytes] | PublishResult:
+        """One message's HPUB frame, or why NATS would never take it."""
+        topic = message.topic
+        try:
+            nats_protocol.check_subject(topic)
+            block = header_block(message, self._source)
+            frame = nats_protocol.hpub(topic, reply, block, message.payload)
+        except (BadSubjectError, BadHeaderError, UnicodeEncodeError) as error:
+            return permanent(f"NATS refused {topic!r}: {error}")
+        size = len(block) + len(message.payload)
+        if size > limit:
+            return permanent(
+                f"message of {size} bytes exceeds the NATS server's max_payload of {limit}"
+            )
+        return frame
 
     async def _send(
         self, client: Client, call: _Call, replies: list[str], frames: list[bytes]
@@ -329,9 +338,8 @@ class NatsPublisher:
         `_send_command` and `_flush_pending` are what nats-py's own `publish()` ends in;
         tests/brokers/test_nats.py fails if a nats-py release changes either.
         """
-        data = b"".join(frames)
         try:
-            await client._send_command(data)
+            await client._send_command(b"".join(frames))
             await client._flush_pending()
         except Exception as error:  # noqa: BLE001 - the connection failed them all
             failed = (
@@ -343,8 +351,7 @@ class NatsPublisher:
                 if result is None:
                     call.settle(index, failed)
             return
-        client.stats["out_msgs"] += len(replies)
-        client.stats["out_bytes"] += len(data)
+        client.stats["out_msgs"] += len(replies)  # as publish() counts them
 
     def _missing(self, connected: bool) -> PublishResult:
         if not connected:  # the connection dropped while we waited
