@@ -32,7 +32,7 @@ from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
 from relaybox.embedded_nats import EmbeddedNats
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
-from relaybox.publishers import open_publisher
+from relaybox.publishers import nats_protocol, open_publisher
 from relaybox.publishers.nats import NatsPublisher, wire_headers, wire_size
 from tests.brokers.conformance import PublisherConformance, outcomes, started
 from tests.brokers.harness import (
@@ -372,7 +372,7 @@ async def test_max_payload_is_counted_exactly_with_the_headers(shared: NatsHarne
     topic = unique_topic()
     await shared.prepare(topic)
     probe = stored(topic, key="edge", headers={"x-app": "naïve café"})
-    envelope_size = wire_size(probe, wire_headers(probe, "relaybox")) - len(probe.payload)
+    envelope_size = wire_size(probe, "relaybox") - len(probe.payload)
     fits = dataclasses.replace(probe, payload=b"x" * (MAX_PAYLOAD - envelope_size))
     over = dataclasses.replace(probe, payload=b"x" * (MAX_PAYLOAD - envelope_size + 1))
     async with started(shared.publisher()) as publisher:
@@ -395,3 +395,77 @@ async def test_no_ack_in_time_fails_transiently(shared: NatsHarness) -> None:
         await client.close()
     assert result.outcome is Outcome.TRANSIENT
     assert "no JetStream ack" in (result.error or "")
+
+
+async def test_nats_py_publish_still_ends_where_the_publisher_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NatsPublisher hands its frames to `Client._send_command` and flushes them with
+    `Client._flush_pending`, the private end of nats-py's own `publish()`. This fails
+    if a nats-py release renames either, changes what they take, or no longer sends a
+    publish that way: then the publisher must follow, or write its frames another way."""
+    client = await nats.connect(SHARED_URL)
+    sent: list[bytes] = []
+    flushes: list[bool] = []
+    send, flush = client._send_command, client._flush_pending
+
+    async def recording_send(command: bytes, priority: bool = False) -> None:
+        sent.append(bytes(command))
+        await send(command, priority)
+
+    async def recording_flush(force_flush: bool = False) -> object:
+        flushes.append(force_flush)
+        return await flush(force_flush)
+
+    monkeypatch.setattr(client, "_send_command", recording_send)
+    monkeypatch.setattr(client, "_flush_pending", recording_flush)
+    try:
+        headers = wire_headers(stored("orders.paid"), "relaybox")
+        await client.publish("orders.paid", b"{}", reply="_INBOX.x.1", headers=headers)
+        frame = nats_protocol.hpub(
+            "orders.paid", "_INBOX.x.1", nats_protocol.header_block(headers), b"{}"
+        )
+        assert sent == [b"".join(frame)]
+        assert flushes == [False]
+        # A frame written there reaches the server like one from publish().
+        inbox = client.new_inbox()
+        subscription = await client.subscribe(inbox)
+        await client._send_command(
+            b"".join(nats_protocol.hpub(inbox, "", b"NATS/1.0\r\na: 1\r\n\r\n", b"hi"))
+        )
+        await client._flush_pending()
+        got = await subscription.next_msg(timeout=5)
+        assert (got.data, got.headers) == (b"hi", {"a": "1"})
+    finally:
+        await client.close()
+
+
+async def test_one_call_settles_each_message_from_its_own_reply(shared: NatsHarness) -> None:
+    """Replies from two streams interleave; each lands on its own message."""
+    first, second = unique_topic(), unique_topic()
+    await shared.prepare(first)
+    await shared.prepare(second)
+    batch = [stored(first if n % 3 else second, key=f"k{n}") for n in range(300)]
+    batch[150] = stored(unique_topic(), key="lost")  # no stream: refused by the server
+    async with started(shared.publisher()) as publisher:
+        results = await publisher.publish(batch)
+        assert await publisher.publish([]) == []
+    expected = [Outcome.ACKED] * 300
+    expected[150] = Outcome.PERMANENT
+    assert outcomes(results) == expected
+    assert len(await shared.wait_for(first, 200)) == 200
+    assert len(await shared.wait_for(second, 99)) == 99  # 150 went nowhere
+
+
+async def test_text_utf8_cannot_carry_fails_its_message_alone(shared: NatsHarness) -> None:
+    topic = unique_topic()
+    await shared.prepare(topic)
+    broken = stored(topic, headers={"x-bad": "\ud800"})
+    wide = stored(topic, key="clé-📦", headers={"x-e": "naïve café"}, type="commande.payée")
+    async with started(shared.publisher()) as publisher:
+        results = await publisher.publish([broken, wide, stored(f"{topic}\udc80")])
+    assert outcomes(results) == [Outcome.PERMANENT, Outcome.ACKED, Outcome.PERMANENT]
+    (got,) = await shared.wait_for(topic, 1)
+    # Only the id: nats-py's get_msg, which the harness reads with, returns non-ASCII
+    # header values as email.header.Header objects (a delivered message has strings).
+    assert got.id == str(wide.id)

@@ -19,6 +19,7 @@ import redis
 import redis.asyncio as aioredis
 
 from relaybox.consumers.redis import decode
+from relaybox.core import envelope
 from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
 from relaybox.errors import BrokerUnavailableError
@@ -206,3 +207,21 @@ async def test_the_raw_bench_loop_publishes_every_message(shared: RedisHarness) 
     assert await shared.client.xlen(topic) == 200
     await raw.cleanup(shared.url, topic)
     assert await shared.client.exists(topic) == 0
+
+
+async def test_text_round_trips_and_text_utf8_cannot_carry_fails_alone(
+    shared: RedisHarness,
+) -> None:
+    topic = unique_topic()
+    await shared.prepare(topic)
+    wide = stored(topic, key="clé-📦", headers={"x-é": "naïve\r\ncafé", "x-space": " a "},
+                  type="commande.payée", tenant_id="société")  # fmt: skip
+    broken = stored(topic, key="k", headers={"x-bad": "\ud800"})
+    async with started(shared.publisher()) as publisher:
+        results = await publisher.publish([wide, broken, stored(topic, key="after")])
+    assert outcomes(results) == [Outcome.ACKED, Outcome.PERMANENT, Outcome.ACKED]
+    first, second = await shared.wait_for(topic, 2)
+    assert first.attributes == envelope.attributes(wide)
+    assert first.headers == {"x-é": "naïve\r\ncafé", "x-space": " a "}
+    assert first.payload == wide.payload
+    assert second.attributes["subject"] == "after"

@@ -18,6 +18,11 @@ Options:
                      as long as the publisher is open (default 0.5).
     name             the connection's name in the server's monitoring (default "relaybox").
 
+The frames are built here, not by nats-py's `publish()` (see
+`relaybox.publishers.nats_protocol` for why), and written through the client's own
+send buffer, so its connection, reconnects, flushing and subscriptions stay nats-py's.
+PubAcks come back on one inbox subscription and settle the call that waits for them.
+
 Outcomes: no stream for the subject, a message over the server's max_payload or the
 stream's max_msg_size, a bad subject or header, a denied subject -> permanent; a
 full stream with discard=new, a JetStream API 5xx, a lost connection, no ack in time
@@ -30,11 +35,11 @@ import asyncio
 import itertools
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import AuthorizationError, BadHeaderError, BadSubjectError, MaxPayloadError
+from nats.errors import AuthorizationError, BadHeaderError, BadSubjectError
 
 from relaybox.core import envelope
 from relaybox.core.publishing import (
@@ -48,13 +53,13 @@ from relaybox.core.publishing import (
 from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_password
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
+from relaybox.publishers import nats_protocol
 from relaybox.publishers.options import BrokerUrl
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "ce-"
-#: What the NATS protocol puts around headers: the `NATS/1.0` line and CRLFs.
-_HEADER_FRAME = len(b"NATS/1.0\r\n\r\n")
+ID_HEADER = PREFIX + "id"
 #: JetStream API error codes that may pass: timeout, throttled (5xx are too).
 _RETRYABLE_CODES = frozenset({408, 429})
 _PERMISSION_ERROR = "permissions violation for publish to"
@@ -77,19 +82,39 @@ def wire_headers(message: StoredMessage, source: str) -> dict[str, str]:
     """CloudEvents NATS binding, binary mode; `Nats-Msg-Id` for JetStream's dedup."""
     headers = envelope.headers(message, PREFIX, source)
     headers["content-type"] = message.content_type
-    headers["Nats-Msg-Id"] = str(message.id)
+    headers["Nats-Msg-Id"] = headers[ID_HEADER]  # str(message.id), already made once
     return headers
 
 
-def wire_size(message: StoredMessage, headers: Mapping[str, str]) -> int:
+def header_block(message: StoredMessage, source: str) -> bytes:
+    """`wire_headers(message, source)` as the NATS header block.
+
+    Without headers of its own, a message's header names are all relaybox's (tokens,
+    none colliding), so its lines are formatted straight from its attributes: 4.8 us
+    instead of 7.2 for building the dict and then checking every name in it.
+    """
+    if not message.headers:
+        attributes = envelope.attributes(message, source)
+        content_type, message_id = message.content_type, attributes["id"]
+        lines = "".join([f"{PREFIX}{name}: {value}\r\n" for name, value in attributes.items()])
+        lines = f"{lines}content-type: {content_type}\r\nNats-Msg-Id: {message_id}\r\n"
+        block = nats_protocol.block_of_lines(
+            lines, [*attributes.values(), content_type, message_id]
+        )
+        if block is not None:
+            return block
+    return nats_protocol.header_block(wire_headers(message, source))
+
+
+def wire_size(message: StoredMessage, source: str) -> int:
     """Header block plus payload: what the server holds against its max_payload."""
-    names = sum(map(len, headers))  # header names are ASCII, or nats-py refuses them
-    values = len("".join(headers.values()).encode())
-    return _HEADER_FRAME + names + values + 4 * len(headers) + len(message.payload)  # "k: v\r\n"
+    return len(header_block(message, source)) + len(message.payload)
 
 
 def ack_result(reply: Msg, subject: str) -> PublishResult:
     """The outcome a JetStream publish reply (PubAck, API error or status) stands for."""
+    if not reply.headers and nats_protocol.is_plain_ack(reply.data):
+        return ACKED  # the common reply, recognised without parsing it
     if reply.headers and reply.headers.get("Status") == "503":
         return permanent(f"unroutable: no JetStream stream captures subject {subject!r}")
     try:
@@ -105,42 +130,69 @@ def ack_result(reply: Msg, subject: str) -> PublishResult:
     return transient(text) if code >= 500 or code in _RETRYABLE_CODES else permanent(text)
 
 
-class _Acks:
-    """Futures for replies to pipelined publishes, keyed by the reply subject.
+class _Call:
+    """The messages of one publish() call: a result per message as its reply arrives,
+    and one future for the whole call (not one per message: 500 futures and their
+    wake-ups cost more than the counting)."""
 
-    nats-py's `publish_async` does the same, but leaks a pending slot when a publish
-    raises (bad subject, lost connection); this one forgets a reply it gave up on.
+    __slots__ = ("done", "remaining", "results", "subjects")
+
+    def __init__(self, subjects: list[str]) -> None:
+        self.subjects = subjects
+        self.results: list[PublishResult | None] = [None] * len(subjects)
+        self.remaining = len(subjects)
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not subjects:
+            self.done.set_result(None)
+
+    def settle(self, index: int, result: PublishResult) -> None:
+        if self.results[index] is not None:
+            return
+        self.results[index] = result
+        self.remaining -= 1
+        if not self.remaining and not self.done.done():
+            self.done.set_result(None)
+
+
+class _Acks:
+    """The calls waiting for replies to their publishes, keyed by reply subject.
+
+    nats-py's `publish_async` does the same with a future per message, and leaks a
+    pending slot when a publish raises; this one forgets what it gave up on.
     """
 
     def __init__(self, client: Client) -> None:
         self._client = client
         self._prefix = client.new_inbox() + "."
         self._tokens = itertools.count()
-        self._waiting: dict[str, tuple[str, asyncio.Future[PublishResult]]] = {}
+        self._waiting: dict[str, tuple[_Call, int]] = {}
 
     async def listen(self) -> None:
         await self._client.subscribe(self._prefix + "*", cb=self._on_reply)
 
-    def expect(self, subject: str) -> tuple[str, asyncio.Future[PublishResult]]:
-        reply = f"{self._prefix}{next(self._tokens)}"
-        future: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
-        self._waiting[reply] = (subject, future)
-        return reply, future
+    def reply_subject(self) -> str:
+        return f"{self._prefix}{next(self._tokens)}"
 
-    def forget(self, reply: str) -> None:
-        self._waiting.pop(reply, None)
+    def expect(self, reply: str, call: _Call, index: int) -> None:
+        self._waiting[reply] = (call, index)
+
+    def forget(self, replies: list[str]) -> None:
+        waiting = self._waiting
+        for reply in replies:
+            waiting.pop(reply, None)
 
     async def _on_reply(self, reply: Msg) -> None:
-        subject, future = self._waiting.pop(reply.subject, (None, None))
-        if future is not None and subject is not None and not future.done():
-            future.set_result(ack_result(reply, subject))
+        entry = self._waiting.pop(reply.subject, None)
+        if entry is not None:
+            call, index = entry
+            call.settle(index, ack_result(reply, call.subjects[index]))
 
     def deny(self, subject: str, error: str) -> None:
         """The server refused `subject` to this connection: fail its waiting publishes."""
-        for reply, (waiting_subject, future) in list(self._waiting.items()):
-            if waiting_subject == subject and not future.done():
+        for reply, (call, index) in list(self._waiting.items()):
+            if call.subjects[index] == subject:
                 self._waiting.pop(reply, None)
-                future.set_result(permanent(error))
+                call.settle(index, permanent(error))
 
 
 class NatsPublisher:
@@ -227,47 +279,81 @@ class NatsPublisher:
         if not client.is_connected:
             error = unavailable(f"NATS connection to {self._masked} lost; reconnecting")
             return [error] * len(messages)
+        call = _Call([m.topic for m in messages])
         replies: list[str] = []
         try:
-            outcomes = [await self._send(client, acks, m, replies) for m in messages]
-            waiting = [o for o in outcomes if isinstance(o, asyncio.Future)]
-            if waiting:
-                await asyncio.wait(waiting, timeout=self._timeout)
+            frames = self._frames(client, acks, call, messages, replies)
+            if frames:
+                await self._send(client, call, replies, frames)
+            if call.remaining:
+                await asyncio.wait([call.done], timeout=self._timeout)
         finally:
-            for reply in replies:
-                acks.forget(reply)
+            acks.forget(replies)
         connected = client.is_connected
-        return [self._outcome(o, connected) for o in outcomes]
+        return [r if r is not None else self._missing(connected) for r in call.results]
+
+    def _frames(
+        self,
+        client: Client,
+        acks: _Acks,
+        call: _Call,
+        messages: Sequence[StoredMessage],
+        replies: list[str],
+    ) -> list[bytes]:
+        """The HPUB frames of the messages NATS may take; the others are settled here."""
+        frames: list[bytes] = []
+        limit = client.max_payload
+        for index, message in enumerate(messages):
+            reply = acks.reply_subject()
+            frame = self._frame(message, reply, limit)
+            if isinstance(frame, PublishResult):
+                call.settle(index, frame)
+                continue
+            acks.expect(reply, call, index)
+            replies.append(reply)
+            frames += frame
+        return frames
+
+    def _frame(self, message: StoredMessage, reply: str, limit: int) -> list[bytes] | PublishResult:
+        """One message's HPUB frame, or why NATS would never take it."""
+        topic = message.topic
+        try:
+            nats_protocol.check_subject(topic)
+            block = header_block(message, self._source)
+            frame = nats_protocol.hpub(topic, reply, block, message.payload)
+        except (BadSubjectError, BadHeaderError, UnicodeEncodeError) as error:
+            return permanent(f"NATS refused {topic!r}: {error}")
+        size = len(block) + len(message.payload)
+        if size > limit:
+            return permanent(
+                f"message of {size} bytes exceeds the NATS server's max_payload of {limit}"
+            )
+        return frame
 
     async def _send(
-        self, client: Client, acks: _Acks, message: StoredMessage, replies: list[str]
-    ) -> PublishResult | asyncio.Future[PublishResult]:
-        headers = wire_headers(message, self._source)
-        size = wire_size(message, headers)
-        if size > client.max_payload:
-            return permanent(
-                f"message of {size} bytes exceeds the NATS server's max_payload of "
-                f"{client.max_payload}"
-            )
-        reply, future = acks.expect(message.topic)
-        replies.append(reply)
-        try:
-            await client.publish(message.topic, message.payload, reply=reply, headers=headers)
-        except (BadSubjectError, BadHeaderError, MaxPayloadError) as error:
-            return permanent(f"NATS refused {message.topic!r}: {error}")
-        except Exception as error:  # noqa: BLE001 - a lost connection fails this one only
-            if not client.is_connected:
-                return unavailable(f"NATS publish to {message.topic!r} failed: {error!r}")
-            return transient(f"NATS publish to {message.topic!r} failed: {error!r}")
-        return future
+        self, client: Client, call: _Call, replies: list[str], frames: list[bytes]
+    ) -> None:
+        """All frames in one write through nats-py's send buffer and flusher.
 
-    def _outcome(
-        self, sent: PublishResult | asyncio.Future[PublishResult], connected: bool
-    ) -> PublishResult:
-        if isinstance(sent, PublishResult):
-            return sent
-        if sent.done():
-            return sent.result()
+        `_send_command` and `_flush_pending` are what nats-py's own `publish()` ends in;
+        tests/brokers/test_nats.py fails if a nats-py release changes either.
+        """
+        try:
+            await client._send_command(b"".join(frames))
+            await client._flush_pending()
+        except Exception as error:  # noqa: BLE001 - the connection failed them all
+            failed = (
+                unavailable(f"NATS publish to {self._masked} failed: {error!r}")
+                if not client.is_connected
+                else transient(f"NATS publish failed: {error!r}")
+            )
+            for index, result in enumerate(call.results):
+                if result is None:
+                    call.settle(index, failed)
+            return
+        client.stats["out_msgs"] += len(replies)  # as publish() counts them
+
+    def _missing(self, connected: bool) -> PublishResult:
         if not connected:  # the connection dropped while we waited
             return unavailable(f"NATS connection to {self._masked} lost before the ack")
         return transient(f"no JetStream ack within {self._timeout} s")

@@ -17,18 +17,27 @@ Redis has no CloudEvents binding; an entry's fields are
     h_<name>           each of the message's own headers, prefixed so that none can
                        shadow an attribute or `data`.
 
-One pipeline per call (no MULTI) carries every XADD; each reply is checked on its own.
-A key holding another type (WRONGTYPE), a refused permission or a bad argument fails
-permanently; connection loss, timeouts, OOM, loading and read-only replicas are transient.
+One write per call carries every XADD, pipelined on one pooled connection (no MULTI);
+each reply is read and checked on its own. The commands are encoded here, not by
+redis-py (see `relaybox.publishers.redis_protocol` for why), and go through redis-py's
+connection (`send_packed_command`, `read_response`: what its own pipelines use), so
+connecting, AUTH, TLS, health checks and reply parsing stay redis-py's.
+
+A key holding another type (WRONGTYPE), a refused permission, a bad argument or text
+UTF-8 cannot carry fails permanently; connection loss, timeouts, OOM, loading and
+read-only replicas are transient. Replies read before a connection broke keep their
+outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
+from redis.asyncio.connection import AbstractConnection
 from redis.typing import EncodableT, FieldT
 
 from relaybox.core import envelope
@@ -43,11 +52,14 @@ from relaybox.core.publishing import (
 from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_password
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
+from relaybox.publishers import redis_protocol
 from relaybox.publishers.options import BrokerUrl
 
 DATA_FIELD = "data"
 CONTENT_TYPE_FIELD = "datacontenttype"
 HEADER_PREFIX = "h_"
+#: Every entry's fields but the headers, whose RESP text is made once.
+_FIELD_HEADS = redis_protocol.field_heads((CONTENT_TYPE_FIELD, *envelope.ATTRIBUTE_NAMES))
 
 #: Replies worth retrying: the server is out of memory, loading, a replica, or failing over.
 _TRANSIENT_REPLIES = (
@@ -77,10 +89,17 @@ def from_url(url: BrokerUrl) -> RedisPublisher:
 
 
 def fields(message: StoredMessage, source: str) -> dict[FieldT, EncodableT]:
+    """The whole entry, in order, as redis-py's `xadd` would take it."""
     entry: dict[FieldT, EncodableT] = {DATA_FIELD: message.payload}
-    entry[CONTENT_TYPE_FIELD] = message.content_type
-    entry.update(envelope.attributes(message, source))
-    entry.update({HEADER_PREFIX + name: value for name, value in message.headers.items()})
+    entry.update(text_fields(message, source))
+    return entry
+
+
+def text_fields(message: StoredMessage, source: str) -> dict[str, str]:
+    """Every field of the entry after `data`: content type, attributes, headers."""
+    entry = {CONTENT_TYPE_FIELD: message.content_type, **envelope.attributes(message, source)}
+    if message.headers:
+        entry.update({HEADER_PREFIX + name: value for name, value in message.headers.items()})
     return entry
 
 
@@ -111,8 +130,7 @@ class RedisPublisher:
         self.url = url
         self.prefix = prefix
         self._source = source
-        self._maxlen = maxlen
-        self._approximate = approximate
+        self._trim = redis_protocol.trim_options(maxlen, approximate)
         self._timeout = timeout
         self._client: aioredis.Redis | None = None
 
@@ -142,17 +160,52 @@ class RedisPublisher:
     async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
         if self._client is None:
             raise ConfigurationError("RedisPublisher.publish called before start()")
-        async with self._client.pipeline(transaction=False) as pipeline:
-            for message in messages:
-                pipeline.xadd(
-                    self.prefix + message.topic, fields(message, self._source),
-                    maxlen=self._maxlen, approximate=self._approximate,
-                )  # fmt: skip
+        refused: dict[int, PublishResult] = {}
+        commands: list[bytes] = []
+        for index, message in enumerate(messages):
             try:
-                async with asyncio.timeout(self._timeout):
-                    replies = await pipeline.execute(raise_on_error=False)
-            except TimeoutError:
-                return [transient(f"no reply from Redis within {self._timeout}s")] * len(messages)
-            except (redis_errors.RedisError, OSError) as error:
-                return [classify(error)] * len(messages)
-        return [classify(r) if isinstance(r, Exception) else ACKED for r in replies]
+                commands += redis_protocol.xadd(
+                    self.prefix + message.topic, self._trim, DATA_FIELD, message.payload,
+                    text_fields(message, self._source), _FIELD_HEADS,
+                )  # fmt: skip
+            except UnicodeEncodeError as error:
+                refused[index] = permanent(f"the entry cannot be sent as UTF-8: {error}")
+        count = len(messages) - len(refused)
+        replies = iter(await self._send(self._client, commands, count) if count else [])
+        return [refused.get(index) or next(replies) for index in range(len(messages))]
+
+    async def _send(
+        self, client: aioredis.Redis, commands: list[bytes], count: int
+    ) -> list[PublishResult]:
+        """One write of `count` XADDs, then their replies in order; those left unread
+        when the connection failed or time ran out share what befell them."""
+        pool = client.connection_pool
+        connection: AbstractConnection | None = None
+        replies: list[PublishResult] = []
+        try:
+            async with asyncio.timeout(self._timeout):
+                connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+                await connection.send_packed_command(b"".join(commands))
+                for _ in range(count):
+                    replies.append(await _reply(connection))
+        except TimeoutError:
+            failure = transient(f"no reply from Redis within {self._timeout}s")
+        except (redis_errors.RedisError, OSError) as error:
+            failure = classify(error)
+        else:
+            return replies
+        finally:
+            if connection is not None:
+                # A connection left with replies unread was disconnected by redis-py.
+                await pool.release(connection)
+        return replies + [failure] * (count - len(replies))
+
+
+async def _reply(connection: AbstractConnection) -> PublishResult:
+    try:
+        # No timeout per reply (math.inf: redis-py's documented "block" opt-in): the
+        # whole call has one, and a timer set and cancelled per reply cost ~3 us.
+        await connection.read_response(timeout=math.inf)
+    except redis_errors.ResponseError as error:  # this XADD's own error reply
+        return classify(error)
+    return ACKED
