@@ -59,12 +59,16 @@ def _listening(port: int) -> bool:
 
 
 class EmbeddedNats:
-    """One nats-server process with JetStream; sync `start`/`stop`, or `async with`."""
+    """One nats-server process, with JetStream unless told otherwise; sync `start`/`stop`,
+    or `async with`."""
 
-    def __init__(self, binary: str | None = None, args: Sequence[str] = ()) -> None:
+    def __init__(
+        self, binary: str | None = None, args: Sequence[str] = (), *, jetstream: bool = True
+    ) -> None:
         self._binary = binary
         #: More nats-server arguments, like `--user`/`--pass` or `-c FILE`.
         self._args = list(args)
+        self._jetstream = jetstream
         self.port = 0
         self.store_dir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -86,7 +90,8 @@ class EmbeddedNats:
         if self.store_dir is None:
             self.store_dir = Path(tempfile.mkdtemp(prefix="relaybox-nats-"))
             self.port = _free_port()
-        command = [binary, "-a", "127.0.0.1", "-p", str(self.port), "-js"]
+        command = [binary, "-a", "127.0.0.1", "-p", str(self.port)]
+        command += ["-js"] if self._jetstream else []
         command += ["-sd", str(self.store_dir), *self._args]
         self._process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -142,6 +142,22 @@ async def test_a_subject_without_a_stream_is_unroutable(shared: NatsHarness) -> 
     assert topic in result.error
 
 
+async def test_no_responders_from_a_jetstream_that_is_not_up_costs_no_attempt() -> None:
+    """After a restart JetStream answers "no responders" for a while even for subjects
+    its streams capture: the publisher asks JetStream before calling a subject
+    unroutable, and a JetStream that does not answer is a broker not there yet. (A
+    server without JetStream answers the same way, and so stands in for one.)"""
+    async with (
+        EmbeddedNats(jetstream=False) as server,
+        started(open_publisher(f"{server.url}?timeout=2")) as publisher,
+    ):
+        (result,) = await publisher.publish([stored(unique_topic())])
+    assert result.outcome is Outcome.TRANSIENT
+    assert result.unavailable
+    assert result.error is not None
+    assert "not ready" in result.error
+
+
 async def test_a_full_stream_with_discard_new_fails_transiently(shared: NatsHarness) -> None:
     topic = unique_topic()
     config = StreamConfig(

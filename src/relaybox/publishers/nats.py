@@ -32,6 +32,7 @@ full stream with discard=new, a JetStream API 5xx, a lost connection, no ack in 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import logging
@@ -40,10 +41,12 @@ from collections.abc import Sequence
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import AuthorizationError, BadHeaderError, BadSubjectError
+from nats.js.errors import NotFoundError
 
 from relaybox.core import envelope
 from relaybox.core.publishing import (
     ACKED,
+    Outcome,
     PublisherFeatures,
     PublishResult,
     permanent,
@@ -116,7 +119,9 @@ def ack_result(reply: Msg, subject: str) -> PublishResult:
     if not reply.headers and nats_protocol.is_plain_ack(reply.data):
         return ACKED  # the common reply, recognised without parsing it
     if reply.headers and reply.headers.get("Status") == "503":
-        return permanent(f"unroutable: no JetStream stream captures subject {subject!r}")
+        return _NoResponders(
+            Outcome.PERMANENT, f"unroutable: no JetStream stream captures subject {subject!r}"
+        )
     try:
         answer = json.loads(reply.data)
     except ValueError:
@@ -128,6 +133,13 @@ def ack_result(reply: Msg, subject: str) -> PublishResult:
     text = f"JetStream refused {subject!r}: {error.get('description')} ({error.get('err_code')})"
     # 503 covers a full stream with discard=new, which may drain later.
     return transient(text) if code >= 500 or code in _RETRYABLE_CODES else permanent(text)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _NoResponders(PublishResult):
+    """A 503 "no responders" reply: no stream captures the subject, or JetStream is not
+    ready yet (it says the same for a while after the server restarts). `publish`
+    asks JetStream which it is before the message is abandoned."""
 
 
 class _Call:
@@ -290,7 +302,41 @@ class NatsPublisher:
         finally:
             acks.forget(replies)
         connected = client.is_connected
-        return [r if r is not None else self._missing(connected) for r in call.results]
+        results = [r if r is not None else self._missing(connected) for r in call.results]
+        if any(isinstance(r, _NoResponders) for r in results):
+            results = await self._unroutable_or_not_ready(client, messages, results)
+        return results
+
+    async def _unroutable_or_not_ready(
+        self, client: Client, messages: Sequence[StoredMessage], results: list[PublishResult]
+    ) -> list[PublishResult]:
+        """Tell "no stream captures the subject" (permanent) from "JetStream is not
+        ready" (the broker is not really there yet: no attempt counted) by asking the
+        JetStream API which stream captures each such subject."""
+        verdicts: dict[str, PublishResult] = {}
+        for message, result in zip(messages, results, strict=True):
+            if isinstance(result, _NoResponders) and message.topic not in verdicts:
+                verdicts[message.topic] = await self._stream_verdict(client, message.topic, result)
+        return [
+            verdicts[m.topic] if isinstance(r, _NoResponders) else r
+            for m, r in zip(messages, results, strict=True)
+        ]
+
+    async def _stream_verdict(
+        self, client: Client, subject: str, result: PublishResult
+    ) -> PublishResult:
+        try:
+            await client.jetstream(timeout=min(self._timeout, 2.0)).find_stream_name_by_subject(
+                subject
+            )
+        except NotFoundError:
+            return permanent(result.error or "unroutable")
+        except Exception as error:  # noqa: BLE001 - no answer at all: JetStream is not up
+            return unavailable(f"JetStream at {self._masked} is not ready: {error!r}")
+        return unavailable(
+            f"JetStream at {self._masked} has a stream for {subject!r} "
+            "but did not answer for it yet"
+        )
 
     def _frames(
         self,
