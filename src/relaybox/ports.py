@@ -57,12 +57,12 @@ class OutboxStorage(Protocol):
         partitions: Sequence[int] | None = None,
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
-        in_flight: Collection[int] = (),
+        in_flight: Sequence[StoredMessage] = (),
     ) -> list[StoredMessage]:
         """Up to `limit` due rows of `partitions`, oldest first, in per-key order,
         writing nothing: for a relay that holds these partitions by lease.
 
-        Rows whose seqs are `in_flight` (read earlier, not settled yet) are left out,
+        Rows `in_flight` (read earlier, not settled yet) are left out,
         and so is every row whose (target, key) has an earlier row in flight, waiting (a
         delay or a backoff) or claimed by a row-lease relay. Keys with a waiting head
         never use up `limit` for the others, however long their backlog. Rows come in

@@ -460,8 +460,8 @@ async def test_a_keys_rows_share_one_partition_whatever_the_partition_count(
 # Owned reads: a relay that holds its partitions reads rows without writing anything.
 
 
-def in_flight(*messages: StoredMessage) -> list[int]:
-    return [m.seq for m in messages]
+def in_flight(*messages: StoredMessage) -> list[StoredMessage]:
+    return list(messages)
 
 
 async def hold_everything(backend: Backend, worker: str = "w1") -> None:

@@ -219,7 +219,7 @@ class Processor:
                 partitions=self._scope,
                 targets=targets,
                 partition_count=settings.partitions,
-                in_flight=self._flight.seqs(),
+                in_flight=self._flight.messages(),
             )
             claim = Claim("", self.worker, messages)
         else:
@@ -549,8 +549,8 @@ class _InFlightRows:
     def remove(self, messages: Sequence[StoredMessage]) -> None:
         self._batches = [batch for batch in self._batches if batch is not messages]
 
-    def seqs(self) -> list[int]:
-        return [m.seq for batch in self._batches for m in batch]
+    def messages(self) -> list[StoredMessage]:
+        return [m for batch in self._batches for m in batch]
 
     def partitions(self) -> frozenset[int]:
         return frozenset(m.partition for batch in self._batches for m in batch)

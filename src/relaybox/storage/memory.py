@@ -183,7 +183,7 @@ class MemoryStorage:
         partitions: Sequence[int] | None = None,
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
-        in_flight: Collection[int] = (),
+        in_flight: Sequence[StoredMessage] = (),
     ) -> list[StoredMessage]:
         """As the SQL reads choose: walk live rows of the partitions in seq order; a row
         in flight, waiting, or claimed by a row-lease relay holds back its key."""
@@ -192,7 +192,7 @@ class MemoryStorage:
         count = require_partitions(partition_count)
         parts = None if partitions is None else frozenset(partitions)
         names = None if targets is None else frozenset(targets)
-        busy = frozenset(in_flight)
+        busy = frozenset(m.seq for m in in_flight)
         taken: list[StoredMessage] = []
         with self._lock:
             now = self._clock()

@@ -284,7 +284,7 @@ class MySQLStorage:
         partitions: Sequence[int] | None = None,
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
-        in_flight: Collection[int] = (),
+        in_flight: Sequence[StoredMessage] = (),
     ) -> list[StoredMessage]:
         count = require_partitions(partition_count)
         if (
@@ -293,13 +293,11 @@ class MySQLStorage:
             or (targets is not None and not targets)
         ):
             return []
-        busy = sorted(int(s) for s in in_flight)
+        busy = sorted(m.seq for m in in_flight)
+        keys = sorted({(m.target, m.key) for m in in_flight if m.key is not None})
+        filters, values = _filters(partitions, targets, count, busy, keys)
 
         async def read(driver: _Driver) -> list[Sequence[Any]]:
-            keys: list[Sequence[Any]] = []
-            if busy:
-                keys = await driver.fetch(self._query("busy_keys", seqs=len(busy)), busy)
-            filters, values = _filters(partitions, targets, count, busy, keys)
             candidates = await self._candidates(driver, limit, filters, values, lock=False)
             ready = await self._unblocked(driver, candidates)
             if not ready:

@@ -34,7 +34,7 @@ from relaybox.core.records import (
 )
 from relaybox.errors import StorageError, StorageIntegrityError, StorageOperationalError
 from relaybox.sql.inserts import inserts
-from relaybox.storage.rows import by_seq, decode, decode_exact, lease_token
+from relaybox.storage.rows import by_seq, decode, decode_exact, lease_token, readable
 from relaybox.storage.urls import DatabaseUrl
 
 T = TypeVar("T")
@@ -243,12 +243,15 @@ class PostgresStorage:
         partitions: Sequence[int] | None = None,
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
-        in_flight: Collection[int] = (),
+        in_flight: Sequence[StoredMessage] = (),
     ) -> list[StoredMessage]:
+        keyed = [m for m in in_flight if m.key is not None]
         args = [limit, _list(partitions), require_partitions(partition_count), _list(targets),
-                list(in_flight)]  # fmt: skip
+                [m.seq for m in in_flight], [m.target for m in keyed],
+                [m.key for m in keyed]]  # fmt: skip
         decoder = decode if self._url.driver == "psycopg" else decode_exact
-        return [decoder(row, partition_count) for row in await self._run("read", args, rows=True)]
+        found = await self._run("read", args, rows=True)
+        return readable(found, partition_count, decoder)
 
     async def settle_owned(
         self,

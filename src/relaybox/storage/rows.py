@@ -5,18 +5,19 @@ from __future__ import annotations
 import datetime
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 from relaybox.core.records import StoredMessage
 
-#: The column order every backend's claim and read return.
+#: The column order every backend's claim returns (PostgreSQL's read adds `blocked`).
 CLAIM_COLUMNS = (
     "seq", "id", "target", "external", "topic", "key", "partition", "type", "content_type",
     "payload", "headers", "correlation_id", "causation_id", "tenant_id", "aggregate_id",
     "occurred_at", "created_at", "attempts",
 )  # fmt: skip
+_COLUMNS = len(CLAIM_COLUMNS)
 
 
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
@@ -46,7 +47,7 @@ def decode(row: Sequence[Any], partitions: int) -> StoredMessage:
     per row)."""
     (seq, id_, target, external, topic, key, partition, type_, content_type, payload,
      headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
-     created_at, attempts) = row  # fmt: skip
+     created_at, attempts) = row[:_COLUMNS]  # fmt: skip
     return StoredMessage(
         seq if type(seq) is int else int(seq),
         id_ if isinstance(id_, uuid.UUID) else uuid.UUID(str(id_)),
@@ -74,7 +75,7 @@ def decode_exact(row: Sequence[Any], partitions: int = 0) -> StoredMessage:
     a query that already took the partition modulo the count: no conversions."""
     (seq, id_, target, external, topic, key, partition, type_, content_type, payload,
      headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
-     created_at, attempts) = row  # fmt: skip
+     created_at, attempts) = row[:_COLUMNS]  # fmt: skip
     return StoredMessage(
         seq, id_, target, external, topic, key, partition, type_, content_type, payload,
         _NO_HEADERS if headers == "{}" else headers_of(headers),
@@ -89,3 +90,27 @@ def by_seq(rows: Sequence[Sequence[Any]], partitions: int) -> list[StoredMessage
 def lease_token(token: str) -> str:
     """A claim's token in canonical form; a malformed one raises ValueError everywhere."""
     return str(uuid.UUID(token))
+
+
+Decoder = Callable[[Sequence[Any], int], StoredMessage]
+
+
+def readable(
+    rows: Sequence[Sequence[Any]], partitions: int, decoder: Decoder = decode
+) -> list[StoredMessage]:
+    """A read's rows, in seq order, with a `blocked` flag after the claim columns: the
+    blocked ones (claimed by a row-lease relay) and every later row of their (target,
+    key) are left out. Rows never blocked are the rule: decoded as they come."""
+    if not any(row[_COLUMNS] for row in rows):
+        return [decoder(row, partitions) for row in rows]
+    taken: list[StoredMessage] = []
+    stopped: set[tuple[str, str]] = set()
+    for row in rows:
+        message = decoder(row, partitions)
+        chain = None if message.key is None else (message.target, message.key)
+        if row[_COLUMNS] or (chain is not None and chain in stopped):
+            if chain is not None:
+                stopped.add(chain)
+            continue
+        taken.append(message)
+    return taken

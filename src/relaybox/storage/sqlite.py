@@ -177,13 +177,13 @@ class SQLiteStorage:
         partitions: Sequence[int] | None = None,
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
-        in_flight: Collection[int] = (),
+        in_flight: Sequence[StoredMessage] = (),
     ) -> list[StoredMessage]:
         if limit < 0:
             raise ValueError("limit must not be negative")
         count = require_partitions(partition_count)
         parts, names = _json(partitions), _json(targets)
-        busy = _json(sorted(in_flight))
+        busy = _json(sorted(m.seq for m in in_flight))
         args = [busy, parts, count, parts, names, names, busy, limit]
         return [decode(row, count) for row in await self._fetch("read", args)]
 

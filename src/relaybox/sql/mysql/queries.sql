@@ -73,11 +73,6 @@ SELECT target, live_key, MIN(seq) FROM {table} FORCE INDEX ({prefix}_key_ix)
 WHERE (target, live_key) IN ({pairs}) AND seq < %s AND seq NOT IN ({seqs})
 GROUP BY target, live_key;
 
--- name: busy_keys
--- The keys of rows an owned read has in flight. Parameters: their seqs.
-SELECT DISTINCT target, live_key FROM {table}
-WHERE seq IN ({seqs}) AND live_key IS NOT NULL;
-
 -- name: claim_lease
 -- Step 3. Parameters: worker, token, lease seconds, seqs.
 UPDATE {table}

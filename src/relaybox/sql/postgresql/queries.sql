@@ -95,9 +95,10 @@ SELECT * FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::integer, 
 
 -- name: read
 -- The owned read (migrations/0005_owned_partitions.sql): $1 limit, $2 partitions or
--- NULL, $3 partition count, $4 targets or NULL, $5 the seqs in flight.
+-- NULL, $3 partition count, $4 targets or NULL, $5 the seqs in flight, $6 and $7
+-- the targets and keys of the keyed ones.
 SELECT * FROM {prefix}_read($1::integer, $2::integer[], $3::integer, $4::text[],
-    $5::bigint[]);
+    $5::bigint[], $6::text[], $7::text[]);
 
 -- name: settle_owned
 -- Everything a relay that holds partitions learned about rows it read, in one

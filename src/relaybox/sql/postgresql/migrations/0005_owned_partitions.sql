@@ -199,30 +199,35 @@ $$;
 -- The owned read: up to p_limit rows of the partitions a relay holds (p_partitions of
 -- p_count, or all when NULL) and its targets, due, oldest first, that the relay may
 -- publish now, in per-key order. Nothing is written, so nothing is locked or logged.
--- What the relay has in flight comes in as p_busy (seqs read and not yet settled).
--- A row is left out when it is in flight, not due, in processing under an unexpired
--- row lease (a relay without partition leases claimed it), or behind a row of its key
--- that is one of these: rows in flight or in processing are their key's earliest live
--- rows (keys are taken in order from their head), so they hold back the whole key;
--- a waiting row (delayed, or backing off) holds back only what comes after it.
--- The scan reads a window of 4 x p_limit live rows; past a full window it takes key
--- heads and their runs as the claim above does. Rows come back in seq order.
--- Every plan here is good whatever the sizes (generic plans are fine, no planning per
--- call): the window's own rows tell which keys are in flight, a hashed NOT IN finds
--- them, and waiting keys come from a small index as a jsonb object looked up per row.
+-- What the relay has in flight comes in as arguments: the seqs (p_busy), and the
+-- (target, key) of each keyed one (p_busy_targets, p_busy_keys). Rows in flight are
+-- left out, and so is every row of a key in flight: a key's rows in flight are its
+-- earliest live rows, as keys are read in order from their head. A waiting row
+-- (delayed, or backing off; waiting_ix) holds back what comes after it in its key.
+-- A row in processing (claimed by a relay without partition leases) comes back with
+-- `blocked` set while its lease lasts, so the caller holds back its key from there on
+-- (relays of one table should not mix the two ways; this keeps order if they do).
+-- The scan reads at most a window of 2 x p_limit live rows beyond those in flight and
+-- stops as soon as it has p_limit; past a full window it takes key heads and their
+-- runs as the claim above does. Rows come back in seq order.
+-- Every plan here is good whatever the sizes, so generic plans serve and nothing is
+-- planned per call: what is in flight is looked up in hashed NOT IN sets, and waiting
+-- keys come from a small index as a jsonb object looked up per row.
 CREATE OR REPLACE FUNCTION {prefix}_read(
     p_limit integer, p_partitions integer[], p_count integer, p_targets text[],
-    p_busy bigint[])
+    p_busy bigint[], p_busy_targets text[], p_busy_keys text[])
 RETURNS TABLE (
     seq bigint, id uuid, target text, external boolean, topic text,
     key text, partition integer, type text, content_type text, payload bytea,
     headers text, correlation_id text, causation_id text, tenant_id text,
-    aggregate_id text, occurred_at timestamptz, created_at timestamptz, attempts integer)
+    aggregate_id text, occurred_at timestamptz, created_at timestamptz, attempts integer,
+    blocked boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_window integer := 4 * p_limit;
+    v_window integer := 2 * p_limit + coalesce(cardinality(p_busy), 0);
     v_wait jsonb;
+    v_found bigint;
     v_seqs bigint[];
     v_seen integer;
     v_last bigint;
@@ -242,28 +247,28 @@ BEGIN
         GROUP BY b.target, b.key
     ) AS x;
 
-    v_seqs := ARRAY(
-        WITH w AS MATERIALIZED (
-            SELECT o.seq, o.target, o.key,
-                   o.seq IN (SELECT unnest(p_busy)) AS busy,
-                   o.status = 'processing' AND o.locked_until >= now() AS leased,
-                   o.status = 'processing' OR o.available_at <= now() AS due
-            FROM {table} o
-            WHERE o.published_at IS NULL AND o.abandoned_at IS NULL
-              AND (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
-              AND (p_targets IS NULL OR o.target = ANY(p_targets))
-            ORDER BY o.seq
-            LIMIT v_window)
-        SELECT w.seq FROM w
-        WHERE w.due AND NOT w.busy AND NOT w.leased
-          AND (w.key IS NULL OR (w.target, w.key) NOT IN (
-              SELECT h.target, h.key FROM w h
-              WHERE h.key IS NOT NULL AND (h.busy OR h.leased)))
-          AND (v_wait IS NULL OR w.key IS NULL
-               OR coalesce((v_wait ->> (w.target || chr(31) || w.key))::bigint > w.seq, true))
-        ORDER BY w.seq
-        LIMIT p_limit);
-    IF cardinality(v_seqs) < p_limit THEN
+    RETURN QUERY
+    SELECT w.seq, w.id, w.target, w.external, w.topic, w.key, w.partition % p_count,
+        w.type, w.content_type, w.payload, w.headers::text, w.correlation_id,
+        w.causation_id, w.tenant_id, w.aggregate_id, w.occurred_at, w.created_at,
+        w.attempts, w.status = 'processing' AND w.locked_until >= now()
+    FROM (
+        SELECT o.* FROM {table} o
+        WHERE o.published_at IS NULL AND o.abandoned_at IS NULL
+          AND (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
+          AND (p_targets IS NULL OR o.target = ANY(p_targets))
+        ORDER BY o.seq
+        LIMIT v_window) AS w
+    WHERE (w.status = 'processing' OR w.available_at <= now())
+      AND w.seq NOT IN (SELECT unnest(p_busy))
+      AND (w.key IS NULL OR (w.target, w.key) NOT IN (
+          SELECT * FROM unnest(p_busy_targets, p_busy_keys)))
+      AND (v_wait IS NULL OR w.key IS NULL
+           OR coalesce((v_wait ->> (w.target || chr(31) || w.key))::bigint > w.seq, true))
+    ORDER BY w.seq
+    LIMIT p_limit;
+    GET DIAGNOSTICS v_found = ROW_COUNT;
+    IF v_found < p_limit THEN
         SELECT count(*), max(w.seq) INTO v_seen, v_last FROM (
             SELECT o.seq FROM {table} o
             WHERE o.published_at IS NULL AND o.abandoned_at IS NULL
@@ -273,10 +278,10 @@ BEGIN
             LIMIT v_window) AS w;
     END IF;
 
-    IF v_seen = v_window AND cardinality(v_seqs) < p_limit THEN
+    IF v_seen = v_window AND v_found < p_limit THEN
         -- Past the window: heads that are due, neither in flight nor in processing, and
         -- keyless rows not in flight, oldest first; each head brings its run.
-        v_room := p_limit - cardinality(v_seqs);
+        v_room := p_limit - v_found;
         SELECT coalesce(array_agg(c.seq ORDER BY c.seq), '{}'),
                array_agg(c.target ORDER BY c.seq), array_agg(c.key ORDER BY c.seq)
         INTO v_heads, v_head_targets, v_head_keys
@@ -316,7 +321,7 @@ BEGIN
             LIMIT v_room
         ) AS c;
         v_per_key := (v_room + cardinality(v_heads) - 1) / greatest(cardinality(v_heads), 1);
-        v_seqs := v_seqs || ARRAY(
+        v_seqs := ARRAY(
             SELECT x.seq FROM (
                 SELECT hd.seq FROM unnest(v_heads, v_head_keys) AS hd(seq, key)
                 WHERE hd.key IS NULL
@@ -339,14 +344,13 @@ BEGIN
             ) AS x
             ORDER BY x.seq
             LIMIT v_room);
+        RETURN QUERY
+        SELECT o.seq, o.id, o.target, o.external, o.topic, o.key, o.partition % p_count,
+            o.type, o.content_type, o.payload, o.headers::text, o.correlation_id,
+            o.causation_id, o.tenant_id, o.aggregate_id, o.occurred_at, o.created_at,
+            o.attempts, false
+        FROM unnest(v_seqs) AS x(seq) JOIN {table} o ON o.seq = x.seq
+        ORDER BY o.seq;
     END IF;
-
-    RETURN QUERY
-    SELECT o.seq, o.id, o.target, o.external, o.topic, o.key, o.partition % p_count,
-        o.type, o.content_type, o.payload, o.headers::text, o.correlation_id,
-        o.causation_id, o.tenant_id, o.aggregate_id, o.occurred_at, o.created_at,
-        o.attempts
-    FROM unnest(v_seqs) AS x(seq) JOIN {table} o ON o.seq = x.seq
-    ORDER BY o.seq;
 END
 $$;
