@@ -1,14 +1,16 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 
 import relaybox
 from relaybox import InvalidTableNameError, Message, Target, UnknownTargetError, sql
 from relaybox.core.identifiers import validate_table_name
-from relaybox.core.partitions import partition_for
+from relaybox.core.partitions import key_lock_id, partition_for
 from relaybox.core.records import Routing
+from relaybox.sql.inserts import inserts
 from relaybox.sql.params import restyle_with_order, row_params
 from relaybox.storage.urls import DatabaseUrl
 
@@ -144,3 +146,25 @@ def test_one_table_spelt_two_ways_takes_the_same_locks() -> None:
     assert claim_lock_key("outbox") == claim_lock_key("public.Outbox")
     assert key_lock_id("outbox", "k") != key_lock_id("outbox", "j")
     assert key_lock_id("outbox", "k") != key_lock_id("events", "k")
+
+
+@pytest.mark.parametrize(
+    ("fields", "name", "count"),
+    [
+        ({}, "insert_one_basic", 10),
+        ({"headers": {"h": "v"}}, "insert_one_now", 16),
+        ({"correlation_id": "c"}, "insert_one_now", 16),
+        ({"aggregate_id": "a"}, "insert_one_now", 16),
+        ({"targets": ["partner"]}, "insert_one_now", 16),  # an external target
+        ({"delay": 1}, "insert_one", 17),
+    ],
+)
+def test_postgresql_leaves_out_only_columns_at_their_defaults(
+    fields: dict[str, Any], name: str, count: int
+) -> None:
+    routing = Routing.of(["default", Target("partner", external=True)], ["default"], 8)
+    rows = routing.rows([Message(topic="t", key="k", **fields)])
+    (statement,) = inserts("postgresql", "t", "numeric_dollar", rows)
+    assert statement.query == sql.queries("postgresql", "t")[name]
+    assert len(statement.params) == count
+    assert statement.params[-1] == key_lock_id("t", "k")  # the key lock, always last

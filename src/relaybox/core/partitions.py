@@ -7,6 +7,7 @@ cheap and spreads short keys well enough for work distribution.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 import zlib
 from collections.abc import Iterable
@@ -48,8 +49,14 @@ def key_lock_id(table: str, key: str | None) -> int | None:
     """A signed 64-bit advisory-lock id for (table, key); None for keyless messages."""
     if key is None:
         return None
-    high = zlib.crc32(lock_scope(table))
-    return ((high << 32) | zlib.crc32(key.encode("utf-8"))) - (1 << 63)
+    return (_lock_id_base(table) | zlib.crc32(key.encode("utf-8"))) - (1 << 63)
+
+
+@functools.lru_cache(maxsize=256)
+def _lock_id_base(table: str) -> int:
+    """The table's half of its key-lock ids, worked out once: the writer needs it in
+    every transaction."""
+    return zlib.crc32(lock_scope(table)) << 32
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

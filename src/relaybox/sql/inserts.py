@@ -6,10 +6,10 @@ key locks and chunk the same way."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from relaybox import sql
 from relaybox.core.partitions import key_lock_id, key_lock_slot
@@ -23,10 +23,16 @@ CHUNK_ROWS = 1000
 CHUNK_BYTES = 4 * 1024 * 1024
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Statement:
+class Statement(NamedTuple):
+    # A NamedTuple, not a frozen dataclass: one is built per add, and a frozen
+    # dataclass's __init__ costs a call of object.__setattr__ per field.
     query: str
     params: Sequence[Any]
+
+
+#: A row's values for insert_one_basic, which leaves the columns at their defaults out.
+_BASIC_VALUES = operator.itemgetter(0, 1, 3, 4, 5, 6, 7, 8, 14)
+_NO_IDS = (None, None, None, None)
 
 
 @functools.lru_cache(maxsize=512)
@@ -95,14 +101,22 @@ def _postgres_insert(
     if len(rows) == 1:
         row = rows[0]
         lock = key_lock_id(table, row[4])
-        if not row[-1]:  # no delay: available_at takes its default
-            params = (*row[:-1], lock, *extra)
-            return _statement("postgresql", table, style, "insert_one_now" + suffix, params)
-        return _statement("postgresql", table, style, "insert_one" + suffix, (*row, lock, *extra))
+        if row[15]:  # a delay: available_at is computed from it
+            name, params = "insert_one", (*row, lock, *extra)
+        elif _is_basic(row):
+            name, params = "insert_one_basic", (*_BASIC_VALUES(row), lock, *extra)
+        else:  # available_at takes its default
+            name, params = "insert_one_now", (*row[:15], lock, *extra)
+        return _statement("postgresql", table, style, name + suffix, params)
     columns: list[Any] = [list(column) for column in zip(*rows, strict=True)]
     columns.append([key_lock_id(table, row[4]) for row in rows])
     columns.extend(extra)
     return _statement("postgresql", table, style, "insert_many" + suffix, columns)
+
+
+def _is_basic(row: InsertRow) -> bool:
+    """Not external, no headers, no ids: what insert_one_basic leaves to the defaults."""
+    return not row[2] and row[9] == "{}" and row[10:14] == _NO_IDS
 
 
 def _inserts(
