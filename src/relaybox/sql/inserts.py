@@ -97,26 +97,41 @@ def _postgres_insert(
     table: str, style: ParamStyle, rows: Sequence[InsertRow], notify: str | None
 ) -> Statement:
     """PostgreSQL's INSERTs carry the writer's key-lock ids, then the channel to NOTIFY."""
-    suffix, extra = ("_notify", (notify,)) if notify is not None else ("", ())
+    extra = () if notify is None else (notify,)
     if len(rows) == 1:
-        row = rows[0]
-        lock = key_lock_id(table, row[4])
-        if row[15]:  # a delay: available_at is computed from it
-            name, params = "insert_one", (*row, lock, *extra)
-        elif _is_basic(row):
-            name, params = "insert_one_basic", (*_BASIC_VALUES(row), lock, *extra)
-        else:  # available_at takes its default
-            name, params = "insert_one_now", (*row[:15], lock, *extra)
-        return _statement("postgresql", table, style, name + suffix, params)
+        return _postgres_one(table, style, rows[0], extra)
     columns: list[Any] = [list(column) for column in zip(*rows, strict=True)]
     columns.append([key_lock_id(table, row[4]) for row in rows])
     columns.extend(extra)
-    return _statement("postgresql", table, style, "insert_many" + suffix, columns)
+    name = "insert_many" if notify is None else "insert_many_notify"
+    return _statement("postgresql", table, style, name, columns)
 
 
-def _is_basic(row: InsertRow) -> bool:
-    """Not external, no headers, no ids: what insert_one_basic leaves to the defaults."""
-    return not row[2] and row[9] == "{}" and row[10:14] == _NO_IDS
+def _postgres_one(
+    table: str, style: ParamStyle, row: InsertRow, extra: tuple[str, ...]
+) -> Statement:
+    """The one-row INSERT: this runs in every business transaction that writes one
+    message, so its texts come from one cached lookup and it makes no other calls."""
+    delayed, now, basic = _one_row_texts(table, style, bool(extra))
+    lock = key_lock_id(table, row[4])
+    if row[15]:  # a delay: available_at is computed from it
+        return Statement(delayed, (*row, lock, *extra))
+    if not row[2] and row[9] == "{}" and row[10:14] == _NO_IDS:  # only defaults left
+        return Statement(basic, (*_BASIC_VALUES(row), lock, *extra))
+    return Statement(now, (*row[:15], lock, *extra))  # available_at takes its default
+
+
+@functools.lru_cache(maxsize=256)
+def _one_row_texts(table: str, style: ParamStyle, notify: bool) -> tuple[str, str, str]:
+    """insert_one, insert_one_now and insert_one_basic (or their _notify twins) in `style`."""
+    suffix = "_notify" if notify else ""
+    texts = []
+    for name in ("insert_one", "insert_one_now", "insert_one_basic"):
+        text, order = _text("postgresql", table, style, name + suffix)
+        if order is not None:  # each takes $1, $2 ... once, in order, in every style
+            raise AssertionError(f"{name}{suffix} does not take its parameters in order")
+        texts.append(text)
+    return texts[0], texts[1], texts[2]
 
 
 def _inserts(

@@ -84,12 +84,12 @@ class Outbox:
         batch, rows = self.rows(messages)
         if rows:
             channel = sync_channel(connection)
-            notify = self._take_notify(channel.dialect)
+            notify = None if self.notify_interval is None else self._take_notify(channel.dialect)
             try:
-                for statement in inserts(
+                for query, params in inserts(
                     channel.dialect, self.table, channel.style, rows, notify=notify
                 ):
-                    channel.execute(statement.query, statement.params)
+                    channel.execute(query, params)
             except BaseException:
                 self._give_back_notify(notify)
                 raise
@@ -102,12 +102,12 @@ class Outbox:
         batch, rows = self.rows(messages)
         if rows:
             channel = await async_channel(connection)
-            notify = self._take_notify(channel.dialect)
+            notify = None if self.notify_interval is None else self._take_notify(channel.dialect)
             try:
-                for statement in inserts(
+                for query, params in inserts(
                     channel.dialect, self.table, channel.style, rows, notify=notify
                 ):
-                    await channel.execute(statement.query, statement.params)
+                    await channel.execute(query, params)
             except BaseException:
                 self._give_back_notify(notify)
                 raise
