@@ -168,3 +168,14 @@ def test_postgresql_leaves_out_only_columns_at_their_defaults(
     assert statement.query == sql.queries("postgresql", "t")[name]
     assert len(statement.params) == count
     assert statement.params[-1] == key_lock_id("t", "k")  # the key lock, always last
+
+
+@pytest.mark.parametrize("fields", [{}, {"headers": {"h": "v"}}, {"delay": 1}])
+def test_text_values_carry_the_same_id_partition_and_lock(fields: dict[str, Any]) -> None:
+    rows = Routing().rows([Message(topic="t", key="k", **fields)])
+    (typed,) = inserts("postgresql", "t", "format", rows)
+    (text,) = inserts("postgresql", "t", "format", rows, text_values=True)
+    assert text.query == typed.query
+    assert uuid.UUID(text.params[0]) == typed.params[0]
+    assert [type(p) for p in text.params if type(p) in (int, uuid.UUID)] == []
+    assert [str(p) for p in typed.params[1:]] == [str(p) for p in text.params[1:]]

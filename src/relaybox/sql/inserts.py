@@ -78,14 +78,19 @@ def inserts(
     rows: Sequence[InsertRow],
     *,
     notify: str | None = None,
+    text_values: bool = False,
 ) -> list[Statement]:
     """The statements that write `rows`: one for a single row, one per chunk for many.
 
     `notify` (PostgreSQL only) names a channel that the INSERT also NOTIFYs, in the
-    same statement: see `relaybox.core.identifiers.notify_channel`.
+    same statement: see `relaybox.core.identifiers.notify_channel`. `text_values`
+    (PostgreSQL, one row) passes the id, partition and key lock as text, for drivers
+    that send text untyped and pay per distinct parameter type (`Channel.text_values`).
     """
     if dialect == "postgresql":
-        return [_postgres_insert(table, style, rows, notify)]
+        if len(rows) == 1:
+            return [_postgres_one(table, style, rows[0], notify, text_values)]
+        return [_postgres_many(table, style, rows, notify)]
     if dialect == "mysql":  # writers of one key take turns (PostgreSQL does it in the INSERT)
         slots = sorted({key_lock_slot(row[4]) for row in rows if row[4] is not None})
         locks = [_statement(dialect, table, style, "lock_keys", slots, len(slots))] if slots else []
@@ -93,32 +98,38 @@ def inserts(
     return _inserts(dialect, table, style, rows)
 
 
-def _postgres_insert(
+def _postgres_many(
     table: str, style: ParamStyle, rows: Sequence[InsertRow], notify: str | None
 ) -> Statement:
-    """PostgreSQL's INSERTs carry the writer's key-lock ids, then the channel to NOTIFY."""
-    extra = () if notify is None else (notify,)
-    if len(rows) == 1:
-        return _postgres_one(table, style, rows[0], extra)
+    """Arrays, one per column, then the key-lock ids, then the channel to NOTIFY."""
     columns: list[Any] = [list(column) for column in zip(*rows, strict=True)]
     columns.append([key_lock_id(table, row[4]) for row in rows])
-    columns.extend(extra)
-    name = "insert_many" if notify is None else "insert_many_notify"
+    name = "insert_many"
+    if notify is not None:
+        columns.append(notify)
+        name = "insert_many_notify"
     return _statement("postgresql", table, style, name, columns)
 
 
 def _postgres_one(
-    table: str, style: ParamStyle, row: InsertRow, extra: tuple[str, ...]
+    table: str, style: ParamStyle, row: InsertRow, notify: str | None, text_values: bool
 ) -> Statement:
-    """The one-row INSERT: this runs in every business transaction that writes one
-    message, so its texts come from one cached lookup and it makes no other calls."""
-    delayed, now, basic = _one_row_texts(table, style, bool(extra))
-    lock = key_lock_id(table, row[4])
+    """The one-row INSERT: the row's values, the key-lock id, the channel to NOTIFY.
+
+    This runs in every business transaction that writes one message, so its texts come
+    from one cached lookup and it makes no other calls."""
+    delayed, now, basic = _one_row_texts(table, style, notify is not None)
+    values: tuple[Any, ...] = row
+    lock: int | str | None = key_lock_id(table, row[4])
+    if text_values:  # the 32 hex digits are a valid uuid literal
+        values = (f"{row[0].int:032x}", *row[1:5], str(row[5]), *row[6:])
+        lock = None if lock is None else str(lock)
+    extra = () if notify is None else (notify,)
     if row[15]:  # a delay: available_at is computed from it
-        return Statement(delayed, (*row, lock, *extra))
+        return Statement(delayed, (*values, lock, *extra))
     if not row[2] and row[9] == "{}" and row[10:14] == _NO_IDS:  # only defaults left
-        return Statement(basic, (*_BASIC_VALUES(row), lock, *extra))
-    return Statement(now, (*row[:15], lock, *extra))  # available_at takes its default
+        return Statement(basic, (*_BASIC_VALUES(values), lock, *extra))
+    return Statement(now, (*values[:15], lock, *extra))  # available_at takes its default
 
 
 @functools.lru_cache(maxsize=256)

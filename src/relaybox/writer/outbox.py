@@ -87,7 +87,12 @@ class Outbox:
             notify = None if self.notify_interval is None else self._take_notify(channel.dialect)
             try:
                 for query, params in inserts(
-                    channel.dialect, self.table, channel.style, rows, notify=notify
+                    channel.dialect,
+                    self.table,
+                    channel.style,
+                    rows,
+                    notify=notify,
+                    text_values=channel.text_values,
                 ):
                     channel.execute(query, params)
             except BaseException:
@@ -105,7 +110,12 @@ class Outbox:
             notify = None if self.notify_interval is None else self._take_notify(channel.dialect)
             try:
                 for query, params in inserts(
-                    channel.dialect, self.table, channel.style, rows, notify=notify
+                    channel.dialect,
+                    self.table,
+                    channel.style,
+                    rows,
+                    notify=notify,
+                    text_values=channel.text_values,
                 ):
                     await channel.execute(query, params)
             except BaseException:
