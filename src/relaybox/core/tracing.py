@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-_lookup: Callable[[], str | None] | None = None
+
+def _first_lookup() -> str | None:
+    global current_traceparent
+    current_traceparent = _load()
+    return current_traceparent()
 
 
-def current_traceparent() -> str | None:
-    """The current span's `traceparent`, or None (no OpenTelemetry, or no valid span)."""
-    global _lookup
-    if _lookup is None:
-        _lookup = _load()
-    return _lookup()
+#: The current span's `traceparent`, or None (no OpenTelemetry, or no valid span). The
+#: first call imports OpenTelemetry, if installed, and puts the real lookup here, so
+#: that later calls through `tracing.current_traceparent` cost one call, not two.
+current_traceparent: Callable[[], str | None] = _first_lookup
 
 
 def _no_trace() -> None:

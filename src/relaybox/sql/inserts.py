@@ -7,7 +7,6 @@ key locks and chunk the same way."""
 from __future__ import annotations
 
 import functools
-import operator
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -30,8 +29,6 @@ class Statement(NamedTuple):
     params: Sequence[Any]
 
 
-#: A row's values for insert_one_basic, which leaves the columns at their defaults out.
-_BASIC_VALUES = operator.itemgetter(0, 1, 3, 4, 5, 6, 7, 8, 14)
 _NO_IDS = (None, None, None, None)
 
 
@@ -119,17 +116,20 @@ def _postgres_one(
     This runs in every business transaction that writes one message, so its texts come
     from one cached lookup and it makes no other calls."""
     delayed, now, basic = _one_row_texts(table, style, notify is not None)
-    values: tuple[Any, ...] = row
+    id_: Any = row[0]
+    partition: int | str = row[5]
     lock: int | str | None = key_lock_id(table, row[4])
-    if text_values:  # the 32 hex digits are a valid uuid literal
-        values = (f"{row[0].int:032x}", *row[1:5], str(row[5]), *row[6:])
+    if text_values:  # 32 hex digits are a valid uuid literal
+        id_, partition = f"{id_.int:032x}", str(partition)
         lock = None if lock is None else str(lock)
     extra = () if notify is None else (notify,)
     if row[15]:  # a delay: available_at is computed from it
-        return Statement(delayed, (*values, lock, *extra))
+        return Statement(delayed, (id_, *row[1:5], partition, *row[6:], lock, *extra))
     if not row[2] and row[9] == "{}" and row[10:14] == _NO_IDS:  # only defaults left
-        return Statement(basic, (*_BASIC_VALUES(values), lock, *extra))
-    return Statement(now, (*values[:15], lock, *extra))  # available_at takes its default
+        values = (id_, row[1], row[3], row[4], partition, row[6], row[7], row[8], row[14])
+        return Statement(basic, (*values, lock, *extra))
+    # available_at takes its default
+    return Statement(now, (id_, *row[1:5], partition, *row[6:15], lock, *extra))
 
 
 @functools.lru_cache(maxsize=256)

@@ -116,9 +116,11 @@ def _channel(
     ref = _weak(connection, lambda dead: _forget(key, dead)) if keep else None
     if ref is None:
         return Channel(dialect, style, functools.partial(run, connection), text_values)
-    # The executor reaches the connection through the weak reference: a strong one
-    # from the cache would keep every connection alive.
-    channel = Channel(dialect, style, lambda query, params: run(ref(), query, params), text_values)
+    # The executor reaches the connection through a weak proxy: a strong reference
+    # from the cache would keep every connection alive. (A proxy, not the reference:
+    # partial(run, proxy) adds no Python frame to each execute.)
+    execute = functools.partial(run, weakref.proxy(connection))
+    channel = Channel(dialect, style, execute, text_values)
     _channels[key] = (ref, channel, style_source)
     return channel
 
