@@ -158,8 +158,23 @@ def _run_dbapi(connection: Any, query: str, params: Sequence[Any]) -> int:
 
 def _run_psycopg(connection: Any, query: str, params: Sequence[Any]) -> int:
     # Connection.execute: the cursor it makes holds no server resource to close.
-    count: int = connection.execute(query, params).rowcount
+    count: int = connection.execute(_as_bytes(query), params).rowcount
     return count
+
+
+#: psycopg encodes a str query and hashes the bytes on every execute to find its parsed
+#: form; bytes kept per text (the writer's and inbox's texts are a handful of cached
+#: strs, whose hash is computed once) skip both.
+_encoded: dict[str, bytes] = {}
+
+
+def _as_bytes(query: str) -> bytes:
+    found = _encoded.get(query)
+    if found is None:
+        found = query.encode("utf-8")
+        if len(_encoded) < 1024:  # a bound, should a caller ever pass made-up texts
+            _encoded[query] = found
+    return found
 
 
 def _run_sqlalchemy(connection: Any, query: str, params: Sequence[Any]) -> int:
@@ -240,7 +255,7 @@ async def _run_cursor_async(connection: Any, query: str, params: Sequence[Any]) 
 
 
 async def _run_psycopg_async(connection: Any, query: str, params: Sequence[Any]) -> int:
-    count: int = (await connection.execute(query, params)).rowcount
+    count: int = (await connection.execute(_as_bytes(query), params)).rowcount
     return count
 
 
