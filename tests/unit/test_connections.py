@@ -44,7 +44,7 @@ def test_a_connection_is_recognised_once_and_its_channel_kept() -> None:
     assert (channel.dialect, channel.style) == ("postgresql", "format")
     assert sync_channel(conn) is channel
     assert channel.execute("SELECT %s", (1,)) == 1
-    assert conn.ran == [("SELECT %s", (1,))]
+    assert conn.ran == [(b"SELECT %s", (1,))]  # psycopg gets the text as bytes
     assert sync_channel(Connection()) is not channel  # one per connection object
 
 
