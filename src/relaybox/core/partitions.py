@@ -21,7 +21,7 @@ def partition_for(key: str | None, message_id: uuid.UUID, partitions: int) -> in
     """The partition of a message: from its key, or from its id when it has no key."""
     if key is None:
         return (message_id.int & 0xFFFFFFFF) % partitions
-    return zlib.crc32(key.encode("utf-8")) % partitions
+    return zlib.crc32(key.encode()) % partitions
 
 
 #: Lock slots for writers of one key on databases without transaction-scoped advisory
@@ -30,7 +30,7 @@ KEY_LOCK_SLOTS = 4096
 
 
 def key_lock_slot(key: str) -> int:
-    return zlib.crc32(key.encode("utf-8")) % KEY_LOCK_SLOTS
+    return zlib.crc32(key.encode()) % KEY_LOCK_SLOTS
 
 
 def lock_scope(table: str) -> bytes:
@@ -49,7 +49,7 @@ def key_lock_id(table: str, key: str | None) -> int | None:
     """A signed 64-bit advisory-lock id for (table, key); None for keyless messages."""
     if key is None:
         return None
-    return (_lock_id_base(table) | zlib.crc32(key.encode("utf-8"))) - (1 << 63)
+    return (_lock_id_base(table) | zlib.crc32(key.encode())) - (1 << 63)
 
 
 @functools.lru_cache(maxsize=256)
