@@ -85,11 +85,8 @@ def _unsupported(connection: object, side: str) -> UnsupportedConnectionError:
 _channels: dict[int, tuple[weakref.ref[Any], Channel, object]] = {}
 
 
-def _known(connection: Any) -> Channel | None:
-    """The channel made for this very connection, if it still holds."""
-    known = _channels.get(id(connection))
-    if known is None:
-        return None
+def _known(connection: Any, known: tuple[weakref.ref[Any], Channel, object]) -> Channel | None:
+    """The channel `known` under this connection's id, if made for it and still right."""
     ref, channel, style_source = known
     if ref() is not connection:  # a dead connection's id, taken by a new object
         return None
@@ -158,7 +155,7 @@ def _run_dbapi(connection: Any, query: str, params: Sequence[Any]) -> int:
 
 def _run_psycopg(connection: Any, query: str, params: Sequence[Any]) -> int:
     # Connection.execute: the cursor it makes holds no server resource to close.
-    count: int = connection.execute(_as_bytes(query), params).rowcount
+    count: int = connection.execute(_encoded.get(query) or _as_bytes(query), params).rowcount
     return count
 
 
@@ -169,11 +166,9 @@ _encoded: dict[str, bytes] = {}
 
 
 def _as_bytes(query: str) -> bytes:
-    found = _encoded.get(query)
-    if found is None:
-        found = query.encode("utf-8")
-        if len(_encoded) < 1024:  # a bound, should a caller ever pass made-up texts
-            _encoded[query] = found
+    found = query.encode("utf-8")
+    if len(_encoded) < 1024:  # a bound, should a caller ever pass made-up texts
+        _encoded[query] = found
     return found
 
 
@@ -226,9 +221,9 @@ _sync_makers: dict[type, Callable[[Any], Channel]] = {}
 
 
 def sync_channel(connection: Any, api: str = "Outbox.add") -> Channel:
-    known = _known(connection)
-    if known is not None:
-        return known
+    known = _channels.get(id(connection))  # _known's first test, inline: the usual hit
+    if known is not None and (channel := _known(connection, known)) is not None:
+        return channel
     make = _sync_makers.get(type(connection))
     if make is None:
         make = _sync_maker(connection, api)
@@ -255,7 +250,8 @@ async def _run_cursor_async(connection: Any, query: str, params: Sequence[Any]) 
 
 
 async def _run_psycopg_async(connection: Any, query: str, params: Sequence[Any]) -> int:
-    count: int = (await connection.execute(_as_bytes(query), params)).rowcount
+    query_bytes = _encoded.get(query) or _as_bytes(query)
+    count: int = (await connection.execute(query_bytes, params)).rowcount
     return count
 
 
@@ -308,9 +304,9 @@ _ASYNC_SESSIONS = ("AsyncSession", "async_scoped_session")
 async def async_channel(connection: Any, api: str = "Outbox.add") -> Channel:
     if _is(connection, "sqlalchemy", *_ASYNC_SESSIONS):
         return _sqlalchemy_async(await connection.connection(), keep=False)
-    known = _known(connection)
-    if known is not None:
-        return known
+    known = _channels.get(id(connection))
+    if known is not None and (channel := _known(connection, known)) is not None:
+        return channel
     make = _async_makers.get(type(connection))
     if make is None:
         make = _async_maker(connection, api)

@@ -72,8 +72,13 @@ class Outbox:
 
     def rows(self, messages: Message | Iterable[Message]) -> tuple[list[Message], list[InsertRow]]:
         """Validate `messages` against this outbox and turn them into rows; no I/O."""
-        batch = [messages] if isinstance(messages, Message) else list(messages)
         limit = self.max_payload_bytes
+        if isinstance(messages, Message):  # the usual add: no copy, no loop
+            if len(messages.body) > limit:
+                check_size(messages.body, limit)
+            batch = [messages]
+            return batch, self.routing.rows(batch)
+        batch = list(messages)
         for message in batch:
             if isinstance(message, Message) and len(message.body) > limit:
                 check_size(message.body, limit)
