@@ -10,7 +10,7 @@ from relaybox import InvalidTableNameError, Message, Target, UnknownTargetError,
 from relaybox.core.identifiers import validate_table_name
 from relaybox.core.partitions import key_lock_id, partition_for
 from relaybox.core.records import Routing
-from relaybox.sql.inserts import inserts
+from relaybox.sql.inserts import basic_insert, inserts
 from relaybox.sql.params import restyle_with_order, row_params
 from relaybox.storage.urls import DatabaseUrl
 
@@ -179,3 +179,23 @@ def test_text_values_carry_the_same_id_partition_and_lock(fields: dict[str, Any]
     assert uuid.UUID(text.params[0]) == typed.params[0]
     assert [type(p) for p in text.params if type(p) in (int, uuid.UUID)] == []
     assert [str(p) for p in typed.params[1:]] == [str(p) for p in text.params[1:]]
+
+
+@pytest.mark.parametrize("style", ["numeric_dollar", "format"])
+@pytest.mark.parametrize("notify", [None, "relaybox_t"])
+@pytest.mark.parametrize("text_values", [False, True])
+@pytest.mark.parametrize(
+    ("fields", "basic"),
+    [({}, True), ({"key": None}, True), ({"payload": b"\x00raw"}, True),
+     ({"headers": {"h": "v"}}, False), ({"tenant_id": "t"}, False),
+     ({"correlation_id": "c"}, False), ({"causation_id": "u"}, False),
+     ({"aggregate_id": "a"}, False), ({"delay": 2}, False)],
+)  # fmt: skip
+def test_basic_insert_is_the_statement_inserts_makes_from_the_row(
+    style: Any, notify: str | None, text_values: bool, fields: dict[str, Any], basic: bool
+) -> None:
+    message = Message(topic="t", **{"key": "k", **fields})
+    made = basic_insert("t", style, message, "default", 8, notify, text_values)
+    (row,) = Routing.of(["default"], None, 8).rows([message])
+    (expected,) = inserts("postgresql", "t", style, [row], notify=notify, text_values=text_values)
+    assert made == (expected if basic else None)  # None: the writer takes the general path
