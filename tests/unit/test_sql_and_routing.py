@@ -8,7 +8,7 @@ import pytest
 import relaybox
 from relaybox import InvalidTableNameError, Message, Target, UnknownTargetError, sql
 from relaybox.core.identifiers import validate_table_name
-from relaybox.core.partitions import key_lock_id, partition_for
+from relaybox.core.partitions import key_lock_id, partition_and_lock, partition_for
 from relaybox.core.records import Routing
 from relaybox.sql.inserts import basic_insert, inserts
 from relaybox.sql.params import restyle_with_order, row_params
@@ -199,3 +199,12 @@ def test_basic_insert_is_the_statement_inserts_makes_from_the_row(
     (row,) = Routing.of(["default"], None, 8).rows([message])
     (expected,) = inserts("postgresql", "t", style, [row], notify=notify, text_values=text_values)
     assert made == (expected if basic else None)  # None: the writer takes the general path
+
+
+@pytest.mark.parametrize("key", ["k", "order-42", "ключ", None])
+def test_partition_and_lock_agree_with_their_separate_functions(key: str | None) -> None:
+    message_id = uuid.uuid4()
+    assert partition_and_lock("app.outbox", key, message_id, 64) == (
+        partition_for(key, message_id, 64),
+        key_lock_id("app.outbox", key),
+    )

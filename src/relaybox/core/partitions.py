@@ -52,6 +52,17 @@ def key_lock_id(table: str, key: str | None) -> int | None:
     return (_lock_id_base(table) | zlib.crc32(key.encode())) - (1 << 63)
 
 
+def partition_and_lock(
+    table: str, key: str | None, message_id: uuid.UUID, partitions: int
+) -> tuple[int, int | None]:
+    """`partition_for` and `key_lock_id` together, from one CRC of the key: the writer
+    needs both for every message."""
+    if key is None:
+        return (message_id.int & 0xFFFFFFFF) % partitions, None
+    crc = zlib.crc32(key.encode())
+    return crc % partitions, (_lock_id_base(table) | crc) - (1 << 63)
+
+
 @functools.lru_cache(maxsize=256)
 def _lock_id_base(table: str) -> int:
     """The table's half of its key-lock ids, worked out once: the writer needs it in

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, cast
 
 from relaybox import sql
 from relaybox.core.message import Message
-from relaybox.core.partitions import key_lock_id, key_lock_slot, partition_for
+from relaybox.core.partitions import key_lock_id, key_lock_slot, partition_and_lock
 from relaybox.core.records import InsertRow
 from relaybox.sql.params import ParamStyle, in_order, row_params, styled
 
@@ -163,8 +163,9 @@ def basic_insert(
     ):
         return None
     key, id_ = message.key, cast(Any, message.id)
-    partition: int | str = partition_for(key, id_, partitions)
-    lock: int | str | None = key_lock_id(table, key)
+    partition: int | str
+    lock: int | str | None
+    partition, lock = partition_and_lock(table, key, id_, partitions)
     if text_values:  # as in _postgres_one
         id_, partition = id_.int.to_bytes(16).hex(), str(partition)
         lock = None if lock is None else str(lock)
