@@ -116,8 +116,8 @@ def _postgres_one(
 ) -> Statement:
     """The one-row INSERT: the row's values, the key-lock id, the channel to NOTIFY.
 
-    This runs in every business transaction that writes one message, so its texts come
-    from one cached lookup and it makes no other calls."""
+    This runs in every business transaction that writes one message (unless it takes
+    `basic_insert`), so its three texts come from one cached lookup."""
     delayed, now, basic = _one_row_texts(table, style, notify is not None)
     id_: Any = row[0]
     partition: int | str = row[5]
