@@ -148,7 +148,8 @@ async def test_every_postgresql_writer_wakes_on_commit_only(
     writer = await Writer.open(kind, tmp_path)
     try:
         batches: list[Message | list[Message]] = [
-            message(1),  # insert_one_now_notify
+            message(1),  # insert_one_basic_notify
+            message(6, headers={"h": "v"}),  # insert_one_now_notify
             message(2, delay=30),  # insert_one_notify
             [message(3), message(4)],  # insert_many_notify
         ]
@@ -159,10 +160,10 @@ async def test_every_postgresql_writer_wakes_on_commit_only(
             await wakes.reach(count)
         await writer.add(outbox, message(5))
         await writer.rollback()
-        await wakes.stays(3)
+        await wakes.stays(4)
     finally:
         await writer.close()
-    assert _count(table) == 4
+    assert _count(table) == 5
 
 
 async def test_a_commit_wakes_and_a_rollback_does_not(

@@ -13,7 +13,7 @@ import psycopg
 import pymysql
 import pytest
 
-from relaybox import Message, Outbox, PayloadTooLargeError, UnknownTargetError
+from relaybox import Message, Outbox, PayloadTooLargeError, Target, UnknownTargetError
 from relaybox.errors import MessageError
 from relaybox.migrations import migrate
 from tests.databases import MYSQL_URL, PG_URL, drop, sqlite_url, unique_table
@@ -255,3 +255,58 @@ def test_a_project_session_subclass_is_recognised(tmp_path: Path) -> None:
         assert world.count(world.table) == 2
     finally:
         engine.dispose()
+
+
+def test_postgresql_each_insert_shape_stores_every_column(tmp_path: Path) -> None:
+    """A basic row (insert_one_basic) leaves its columns to their defaults; the others
+    (insert_one_now, insert_one) store what the message says."""
+    world = World("postgresql", tmp_path / "unused.db")
+    world.outbox = Outbox(table=world.table, targets=["default", Target("partner", True)])
+    world.setup_sync()
+    full = {"headers": {"h": "v"}, "correlation_id": "c", "causation_id": "u",
+            "tenant_id": "t", "aggregate_id": "a"}  # fmt: skip
+    written = [
+        Message(topic="orders", key="k"),
+        Message(topic="orders", key="k", **full),  # type: ignore[arg-type]
+        Message(topic="orders", key="k", targets=["partner"]),
+        Message(topic="orders", key="k", delay=60, **full),  # type: ignore[arg-type]
+    ]
+    try:
+        with psycopg.connect(PG_URL) as conn:
+            for message in written:
+                world.outbox.add(conn, message)
+        stored = world._run(
+            "SELECT external, headers, correlation_id, causation_id, tenant_id, aggregate_id,"
+            f" available_at > created_at + interval '50 seconds' FROM {world.table} ORDER BY seq"
+        )
+    finally:
+        world.teardown()
+    assert stored == [
+        (False, {}, None, None, None, None, False),
+        (False, {"h": "v"}, "c", "u", "t", "a", False),
+        (True, {}, None, None, None, None, False),
+        (False, {"h": "v"}, "c", "u", "t", "a", True),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("targets", "defaults", "expected"),
+    [
+        (["a"], None, [("a", False)]),  # one message, one target: sql.inserts.basic_insert
+        (["a", "b"], ["a", "b"], [("a", False), ("b", False)]),
+        ([Target("x", external=True)], None, [("x", True)]),
+    ],
+)
+def test_postgresql_a_single_message_reaches_every_default_target(
+    tmp_path: Path, targets: list[Any], defaults: list[str] | None, expected: list[Any]
+) -> None:
+    world = World("postgresql", tmp_path / "unused.db")
+    world.outbox = Outbox(table=world.table, targets=targets, default_targets=defaults)
+    world.setup_sync()
+    try:
+        with psycopg.connect(PG_URL) as conn:
+            world.outbox.add(conn, Message(topic="orders", key="k", payload={"n": 1}))
+        stored = world._run(f"SELECT target, external FROM {world.table} ORDER BY seq")
+    finally:
+        world.teardown()
+    assert stored == expected

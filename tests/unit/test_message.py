@@ -4,6 +4,7 @@ import dataclasses
 import datetime
 import decimal
 import enum
+import os
 import uuid
 
 import pytest
@@ -167,3 +168,20 @@ def test_bad_header_text_and_bad_str_payloads() -> None:
         Message(topic="t", headers={"h": "a\x00"})
     with pytest.raises(PayloadNotSerializableError, match="Unicode"):
         Message(topic="t", payload="\udc80")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_process_does_not_reuse_its_parents_random_bits() -> None:
+    uuid7()  # the parent has drawn its pool
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        os.write(write, uuid7().bytes)
+        os._exit(0)
+    os.waitpid(child, 0)
+    theirs = uuid.UUID(bytes=os.read(read, 16))
+    os.close(read)
+    os.close(write)
+    ours = uuid7()
+    random_bits = (1 << 62) - 1
+    assert theirs.int & random_bits != ours.int & random_bits

@@ -33,7 +33,9 @@ def test_a_bad_table_name_gives_no_channel() -> None:
         notify_channel('x"; DROP TABLE y')
 
 
-@pytest.mark.parametrize("name", ["insert_one", "insert_one_now", "insert_many"])
+@pytest.mark.parametrize(
+    "name", ["insert_one", "insert_one_now", "insert_one_basic", "insert_many"]
+)
 def test_the_notify_variants_differ_only_by_the_notify(name: str) -> None:
     queries = sql.queries("postgresql", "t")
     without = re.sub(r", pg_notify\(\$\d+::text, ''\) AS woke", "", queries[name + "_notify"])

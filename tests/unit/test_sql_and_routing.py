@@ -1,14 +1,16 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 
 import relaybox
 from relaybox import InvalidTableNameError, Message, Target, UnknownTargetError, sql
 from relaybox.core.identifiers import validate_table_name
-from relaybox.core.partitions import partition_for
+from relaybox.core.partitions import key_lock_id, partition_and_lock, partition_for
 from relaybox.core.records import Routing
+from relaybox.sql.inserts import basic_insert, inserts
 from relaybox.sql.params import restyle_with_order, row_params
 from relaybox.storage.urls import DatabaseUrl
 
@@ -163,3 +165,65 @@ def test_one_table_spelt_two_ways_takes_the_same_locks() -> None:
     assert claim_lock_key("outbox") == claim_lock_key("public.Outbox")
     assert key_lock_id("outbox", "k") != key_lock_id("outbox", "j")
     assert key_lock_id("outbox", "k") != key_lock_id("events", "k")
+
+
+@pytest.mark.parametrize(
+    ("fields", "name", "count"),
+    [
+        ({}, "insert_one_basic", 10),
+        ({"headers": {"h": "v"}}, "insert_one_now", 16),
+        ({"correlation_id": "c"}, "insert_one_now", 16),
+        ({"aggregate_id": "a"}, "insert_one_now", 16),
+        ({"targets": ["partner"]}, "insert_one_now", 16),  # an external target
+        ({"delay": 1}, "insert_one", 17),
+    ],
+)
+def test_postgresql_leaves_out_only_columns_at_their_defaults(
+    fields: dict[str, Any], name: str, count: int
+) -> None:
+    routing = Routing.of(["default", Target("partner", external=True)], ["default"])
+    rows = routing.rows([Message(topic="t", key="k", **fields)])
+    (statement,) = inserts("postgresql", "t", "numeric_dollar", rows)
+    assert statement.query == sql.queries("postgresql", "t")[name]
+    assert len(statement.params) == count
+    assert statement.params[-1] == key_lock_id("t", "k")  # the key lock, always last
+
+
+@pytest.mark.parametrize("fields", [{}, {"headers": {"h": "v"}}, {"delay": 1}])
+def test_text_values_carry_the_same_id_partition_and_lock(fields: dict[str, Any]) -> None:
+    rows = Routing().rows([Message(topic="t", key="k", **fields)])
+    (typed,) = inserts("postgresql", "t", "format", rows)
+    (text,) = inserts("postgresql", "t", "format", rows, text_values=True)
+    assert text.query == typed.query
+    assert uuid.UUID(text.params[0]) == typed.params[0]
+    assert [type(p) for p in text.params if type(p) in (int, uuid.UUID)] == []
+    assert [str(p) for p in typed.params[1:]] == [str(p) for p in text.params[1:]]
+
+
+@pytest.mark.parametrize("style", ["numeric_dollar", "format"])
+@pytest.mark.parametrize("notify", [None, "relaybox_t"])
+@pytest.mark.parametrize("text_values", [False, True])
+@pytest.mark.parametrize(
+    ("fields", "basic"),
+    [({}, True), ({"key": None}, True), ({"payload": b"\x00raw"}, True),
+     ({"headers": {"h": "v"}}, False), ({"tenant_id": "t"}, False),
+     ({"correlation_id": "c"}, False), ({"causation_id": "u"}, False),
+     ({"aggregate_id": "a"}, False), ({"delay": 2}, False)],
+)  # fmt: skip
+def test_basic_insert_is_the_statement_inserts_makes_from_the_row(
+    style: Any, notify: str | None, text_values: bool, fields: dict[str, Any], basic: bool
+) -> None:
+    message = Message(topic="t", **{"key": "k", **fields})
+    made = basic_insert("t", style, message, "default", notify, text_values)
+    (row,) = Routing.of(["default"], None).rows([message])
+    (expected,) = inserts("postgresql", "t", style, [row], notify=notify, text_values=text_values)
+    assert made == (expected if basic else None)  # None: the writer takes the general path
+
+
+@pytest.mark.parametrize("key", ["k", "order-42", "ключ", None])
+def test_partition_and_lock_agree_with_their_separate_functions(key: str | None) -> None:
+    message_id = uuid.uuid4()
+    assert partition_and_lock("app.outbox", key, message_id) == (
+        partition_for(key, message_id),
+        key_lock_id("app.outbox", key),
+    )

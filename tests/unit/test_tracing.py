@@ -32,3 +32,13 @@ def test_an_explicit_traceparent_wins_and_no_span_adds_none() -> None:
         message = Message(topic="orders", payload={}, headers={"traceparent": given})
     assert message.headers["traceparent"] == given
     assert "traceparent" not in Message(topic="orders", payload={}).headers
+
+
+def test_a_context_with_other_values_but_no_span_adds_none() -> None:
+    from opentelemetry import baggage, context
+
+    token = context.attach(baggage.set_baggage("user", "u-1"))
+    try:
+        assert "traceparent" not in Message(topic="orders", payload={}).headers
+    finally:
+        context.detach(token)

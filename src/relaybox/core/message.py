@@ -11,15 +11,16 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from relaybox.core import tracing
 from relaybox.core.ids import uuid7
 from relaybox.core.payload import DEFAULT_MAX_PAYLOAD_BYTES, check_size, encode_payload
-from relaybox.core.tracing import current_traceparent
 from relaybox.errors import EmptyTopicError, InvalidHeadersError, MessageError
 
 DEFAULT_TARGET = "default"
 _TARGET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 _MAX_TOPIC = 255
 _MAX_KEY = 255
+_UTC = datetime.UTC
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -41,10 +42,6 @@ TargetLike = str | Target
 
 def _as_target(value: TargetLike) -> Target:
     return value if isinstance(value, Target) else Target(value)
-
-
-def _utcnow() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
 
 
 class Message:
@@ -103,18 +100,19 @@ class Message:
             _check_text("content_type", content_type, _MAX_TOPIC)
         if id is not None and not isinstance(id, uuid.UUID):
             raise MessageError(f"id must be a uuid.UUID, got {builtins.type(id).__name__}")
+        # The common case (no headers, ids, targets or delay) makes no call it can do
+        # without: this runs inside the caller's transaction, once per message.
         self.body, self.content_type = encode_payload(payload, content_type)
-        check_size(self.body, max_payload_bytes)
+        if len(self.body) > max_payload_bytes:
+            check_size(self.body, max_payload_bytes)
         self.id: uuid.UUID = id if id is not None else uuid7()
         self.topic = topic
         self.payload = payload
         self.key = key
         self.type: str = type or topic
-        # The common case (no headers, ids, targets or delay) skips the helpers: this
-        # runs inside the caller's transaction, once per message.
         self.headers = {} if headers is None else _checked_headers(headers)
         if "traceparent" not in self.headers:
-            traceparent = current_traceparent()
+            traceparent = tracing.current_traceparent()
             if traceparent is not None:
                 self.headers["traceparent"] = traceparent
         self.correlation_id = None if correlation_id is None else _short_str(correlation_id)
@@ -125,7 +123,9 @@ class Message:
             None if targets is None else _checked_targets(targets)
         )
         self.delay_seconds = 0.0 if delay is None else _delay_seconds(delay)
-        self.occurred_at = _utcnow() if occurred_at is None else _aware(occurred_at)
+        self.occurred_at = (
+            datetime.datetime.now(_UTC) if occurred_at is None else _aware(occurred_at)
+        )
 
     def __repr__(self) -> str:
         return (

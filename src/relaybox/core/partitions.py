@@ -7,6 +7,7 @@ cheap and spreads short keys well enough for work distribution.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 import zlib
 from collections.abc import Iterable
@@ -41,7 +42,7 @@ KEY_LOCK_SLOTS = 4096
 
 
 def key_lock_slot(key: str) -> int:
-    return zlib.crc32(key.encode("utf-8")) % KEY_LOCK_SLOTS
+    return zlib.crc32(key.encode()) % KEY_LOCK_SLOTS
 
 
 def lock_scope(table: str) -> bytes:
@@ -60,8 +61,25 @@ def key_lock_id(table: str, key: str | None) -> int | None:
     """A signed 64-bit advisory-lock id for (table, key); None for keyless messages."""
     if key is None:
         return None
-    high = zlib.crc32(lock_scope(table))
-    return ((high << 32) | zlib.crc32(key.encode("utf-8"))) - (1 << 63)
+    return (_lock_id_base(table) | zlib.crc32(key.encode())) - (1 << 63)
+
+
+def partition_and_lock(
+    table: str, key: str | None, message_id: uuid.UUID
+) -> tuple[int, int | None]:
+    """`partition_for` and `key_lock_id` together, from one CRC of the key: the writer
+    needs both for every message."""
+    if key is None:
+        return message_id.int & _HASH_MASK, None
+    crc = zlib.crc32(key.encode())
+    return crc & _HASH_MASK, (_lock_id_base(table) | crc) - (1 << 63)
+
+
+@functools.lru_cache(maxsize=256)
+def _lock_id_base(table: str) -> int:
+    """The table's half of its key-lock ids, worked out once: the writer needs it in
+    every transaction."""
+    return zlib.crc32(lock_scope(table)) << 32
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ import decimal
 import enum
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from relaybox.errors import PayloadNotSerializableError, PayloadTooLargeError
@@ -38,21 +38,22 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def _make_json_encoder() -> Callable[[Any], str]:
-    """A compact, NaN-rejecting JSON encoder, built once.
+def _make_json_chunker() -> Callable[[Any, int], Sequence[str]]:
+    """A compact, NaN-rejecting JSON encoder, built once: value, 0 -> text chunks.
 
     `json.dumps` and `JSONEncoder.encode` build a new C encoder on every call, which
     showed up as a measurable share of a writer transaction (docs/benchmarks.md).
-    Without circular-reference markers the C encoder is reusable, so build it once;
-    a circular payload then fails with RecursionError, which is reported as not
-    serialisable like any other bad payload.
+    Without circular-reference markers the C encoder is reusable, so build it once and
+    call it directly; a circular payload then fails with RecursionError, which is
+    reported as not serialisable like any other bad payload.
     """
     c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
     if c_make_encoder is None:  # an interpreter without the C accelerator
-        return json.JSONEncoder(
+        encode = json.JSONEncoder(
             default=_json_default, separators=(",", ":"), allow_nan=False
         ).encode
-    encoder = c_make_encoder(
+        return lambda value, _level: (encode(value),)
+    chunker: Callable[[Any, int], Sequence[str]] = c_make_encoder(
         None,
         _json_default,
         json.encoder.encode_basestring_ascii,
@@ -63,29 +64,27 @@ def _make_json_encoder() -> Callable[[Any], str]:
         False,
         False,
     )
-
-    def encode(value: Any) -> str:
-        if isinstance(value, str):
-            return json.encoder.encode_basestring_ascii(value)
-        return "".join(encoder(value, 0))
-
-    return encode
+    return chunker
 
 
-_encode_json = _make_json_encoder()
+_json_chunks = _make_json_chunker()
 
 
 def encode_payload(payload: Any, content_type: str | None) -> tuple[bytes, str]:
     """Encode `payload`: bytes pass through, str becomes UTF-8, anything else JSON."""
-    if isinstance(payload, bytes | bytearray | memoryview):
-        return bytes(payload), content_type or OCTET_STREAM
-    if isinstance(payload, str):
-        try:
-            return payload.encode("utf-8"), content_type or TEXT
-        except UnicodeEncodeError as exc:
-            raise PayloadNotSerializableError(f"str payload is not valid Unicode: {exc}") from exc
+    if type(payload) is not dict:  # a dict is the common case: straight to JSON
+        if isinstance(payload, bytes | bytearray | memoryview):
+            return bytes(payload), content_type or OCTET_STREAM
+        if isinstance(payload, str):
+            try:
+                return payload.encode("utf-8"), content_type or TEXT
+            except UnicodeEncodeError as exc:
+                raise PayloadNotSerializableError(
+                    f"str payload is not valid Unicode: {exc}"
+                ) from exc
     try:
-        body = _encode_json(payload).encode("utf-8")
+        # The output is ASCII (non-ASCII characters are escaped), so the encode copies.
+        body = "".join(_json_chunks(payload, 0)).encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadNotSerializableError(
             f"payload of type {type(payload).__name__} cannot be serialised to JSON: {exc}; "

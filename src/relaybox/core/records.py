@@ -82,7 +82,8 @@ class Routing:
             headers = (
                 json.dumps(message.headers, separators=(",", ":")) if message.headers else "{}"
             )
-            for target in self.resolve(message):
+            targets = self._defaults if message.targets is None else self.resolve(message)
+            for target in targets:
                 rows.append((
                     message.id, target.name, target.external, message.topic, message.key,
                     partition, message.type, message.content_type or "", message.body,

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-_lookup: Callable[[], str | None] | None = None
+
+def _first_lookup() -> str | None:
+    global current_traceparent
+    current_traceparent = _load()
+    return current_traceparent()
 
 
-def current_traceparent() -> str | None:
-    """The current span's `traceparent`, or None (no OpenTelemetry, or no valid span)."""
-    global _lookup
-    if _lookup is None:
-        _lookup = _load()
-    return _lookup()
+#: The current span's `traceparent`, or None (no OpenTelemetry, or no valid span). The
+#: first call imports OpenTelemetry, if installed, and puts the real lookup here, so
+#: that later calls through `tracing.current_traceparent` cost one call, not two.
+current_traceparent: Callable[[], str | None] = _first_lookup
 
 
 def _no_trace() -> None:
@@ -27,14 +29,20 @@ def _no_trace() -> None:
 
 def _load() -> Callable[[], str | None]:
     try:
-        from opentelemetry import trace
+        from opentelemetry import context, trace
     except ImportError:
         return _no_trace
 
     def lookup() -> str | None:
-        context = trace.get_current_span().get_span_context()
-        if not context.is_valid:
+        current = context.get_current()
+        # An empty context holds no span: the common case where opentelemetry-api is
+        # installed (often as another package's dependency) but nothing is traced.
+        # One call instead of the six that get_current_span() takes to say so.
+        if not current:
             return None
-        return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+        span = trace.get_current_span(current).get_span_context()
+        if not span.is_valid:
+            return None
+        return f"00-{span.trace_id:032x}-{span.span_id:016x}-{span.trace_flags:02x}"
 
     return lookup

@@ -4,11 +4,20 @@ Drivers are recognised by the classes in the connection's type hierarchy (module
 name), so nothing is imported that the caller does not already use, and subclasses
 (a project's own Session class, say) are recognised too. The writer only executes
 statements: it never begins, commits, rolls back or closes anything.
+
+Recognising cost more than the writer's own Python work on the common path, and it
+runs in every business transaction, so it happens once per type, and the `Channel` it
+yields is kept per connection object (held weakly: the cache never keeps a connection
+alive). A SQLAlchemy session is the exception: it hands out a new Connection per
+transaction (an AsyncSession a new, short-lived proxy per call), so a session is
+resolved on every call and its channel is not kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -18,6 +27,8 @@ from relaybox.sql.params import ParamStyle
 #: Run one statement; return its row count (what the inbox's checks read).
 SyncExecute = Callable[[str, Sequence[Any]], int]
 AsyncExecute = Callable[[str, Sequence[Any]], Awaitable[int]]
+#: How a kind of connection runs one statement, given the connection.
+_Run = Callable[[Any, str, Sequence[Any]], Any]
 
 _SQLALCHEMY_DIALECTS = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql",
                         "sqlite": "sqlite"}  # fmt: skip
@@ -31,6 +42,10 @@ class Channel:
     dialect: str
     style: ParamStyle
     execute: Any  # SyncExecute or AsyncExecute, by the side it was made for
+    #: The driver takes a str for any parameter the SQL casts (psycopg sends it untyped
+    #: for the server to parse), and pays a Python-level adapter lookup per distinct
+    #: type in every execute (~2-4 us each, measured): ids and integers go as text.
+    text_values: bool = False
 
 
 _lineages: dict[type, frozenset[tuple[str, str]]] = {}
@@ -63,125 +78,244 @@ def _unsupported(connection: object, side: str) -> UnsupportedConnectionError:
     )
 
 
-def _psycopg_style(connection: Any) -> ParamStyle:
+# -- the per-connection cache ---------------------------------------------------------
+
+#: id(connection) -> (weak reference to it, its channel, the cursor factory its style
+#: was read from, or None where the style cannot change).
+_channels: dict[int, tuple[weakref.ref[Any], Channel, object]] = {}
+
+
+def _known(connection: Any, known: tuple[weakref.ref[Any], Channel, object]) -> Channel | None:
+    """The channel `known` under this connection's id, if made for it and still right."""
+    ref, channel, style_source = known
+    if ref() is not connection:  # a dead connection's id, taken by a new object
+        return None
+    # psycopg's cursor factory decides the style, and a caller may swap it.
+    if style_source is not None and style_source is not getattr(connection, "cursor_factory", None):
+        return None
+    return channel
+
+
+def _channel(
+    connection: Any,
+    dialect: str,
+    style: ParamStyle,
+    run: _Run,
+    style_source: object = None,
+    *,
+    keep: bool = True,
+    text_values: bool = False,
+) -> Channel:
+    """A channel running statements through `connection`, kept for the next call where
+    the connection takes a weak reference (sqlite3's and asyncpg pool proxies do not:
+    theirs are made anew per call, which is cheap once the type is recognised)."""
+    key = id(connection)
+    ref = _weak(connection, lambda dead: _forget(key, dead)) if keep else None
+    if ref is None:
+        return Channel(dialect, style, functools.partial(run, connection), text_values)
+    # The executor reaches the connection through a weak proxy: a strong reference
+    # from the cache would keep every connection alive. (A proxy, not the reference:
+    # partial(run, proxy) adds no Python frame to each execute.)
+    execute = functools.partial(run, weakref.proxy(connection))
+    channel = Channel(dialect, style, execute, text_values)
+    _channels[key] = (ref, channel, style_source)
+    return channel
+
+
+def _weak(connection: Any, callback: Callable[[weakref.ref[Any]], None]) -> weakref.ref[Any] | None:
+    try:
+        return weakref.ref(connection, callback)
+    except TypeError:  # no weak references to this type
+        return None
+
+
+def _forget(key: int, dead: weakref.ref[Any]) -> None:
+    known = _channels.get(key)
+    if known is not None and known[0] is dead:
+        _channels.pop(key, None)
+
+
+def _psycopg_style(factory: type) -> ParamStyle:
     """psycopg's raw cursors take `$n`; its default cursors take `%s`."""
-    factory = getattr(connection, "cursor_factory", None)
-    raw = factory is not None and any(c.__name__ == "RawCursorMixin" for c in factory.__mro__)
+    raw = any(c.__name__ == "RawCursorMixin" for c in factory.__mro__)
     return "numeric_dollar" if raw else "format"
 
 
 # -- sync ---------------------------------------------------------------------------
 
 
-def _dbapi(connection: Any) -> SyncExecute:
-    def execute(query: str, params: Sequence[Any]) -> int:
-        cursor = connection.cursor()
-        try:
-            cursor.execute(query, params)
-            return int(cursor.rowcount)
-        finally:
-            cursor.close()
-
-    return execute
+def _run_dbapi(connection: Any, query: str, params: Sequence[Any]) -> int:
+    cursor = connection.cursor()
+    try:
+        cursor.execute(query, params)
+        return int(cursor.rowcount)
+    finally:
+        cursor.close()
 
 
-def _sqlalchemy_sync(connection: Any) -> Channel:
+def _run_psycopg(connection: Any, query: str, params: Sequence[Any]) -> int:
+    # Connection.execute: the cursor it makes holds no server resource to close.
+    count: int = connection.execute(_encoded.get(query) or _as_bytes(query), params).rowcount
+    return count
+
+
+#: psycopg encodes a str query and hashes the bytes on every execute to find its parsed
+#: form; bytes kept per text (the writer's and inbox's texts are a handful of cached
+#: strs, whose hash is computed once) skip both.
+_encoded: dict[str, bytes] = {}
+
+
+def _as_bytes(query: str) -> bytes:
+    found = query.encode("utf-8")
+    if len(_encoded) < 1024:  # a bound, should a caller ever pass made-up texts
+        _encoded[query] = found
+    return found
+
+
+def _run_sqlalchemy(connection: Any, query: str, params: Sequence[Any]) -> int:
+    return int(connection.exec_driver_sql(query, tuple(params)).rowcount)
+
+
+def _run_django(connection: Any, query: str, params: Sequence[Any]) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return int(cursor.rowcount)
+
+
+def _psycopg_sync(connection: Any) -> Channel:
+    factory = connection.cursor_factory
+    style = _psycopg_style(factory)
+    return _channel(connection, "postgresql", style, _run_psycopg, factory, text_values=True)
+
+
+def _sqlalchemy_sync(connection: Any, *, keep: bool = True) -> Channel:
     dialect = _SQLALCHEMY_DIALECTS.get(connection.dialect.name)
     if dialect is None:
         raise _unsupported(connection, "Outbox.add")
+    style, text = connection.dialect.paramstyle, connection.dialect.driver == "psycopg"
+    return _channel(connection, dialect, style, _run_sqlalchemy, keep=keep, text_values=text)
 
-    def execute(query: str, params: Sequence[Any]) -> int:
-        return int(connection.exec_driver_sql(query, tuple(params)).rowcount)
 
-    return Channel(dialect, connection.dialect.paramstyle, execute)
+def _sqlalchemy_session(session: Any) -> Channel:
+    return _sqlalchemy_sync(session.connection(), keep=False)
 
 
 def _django(connection: Any) -> Channel:
-    dialect = _DJANGO_VENDORS.get(connection.vendor)
+    dialect = _DJANGO_VENDORS.get(getattr(connection, "vendor", ""))
     if dialect is None:
         raise _unsupported(connection, "Outbox.add")
-
-    def execute(query: str, params: Sequence[Any]) -> int:
-        with connection.cursor() as cursor:
-            cursor.execute(query, params)
-            return int(cursor.rowcount)
-
-    return Channel(dialect, "format", execute)  # Django's cursors all take %s
+    # Django's cursors take %s; on PostgreSQL they are psycopg's (or psycopg2's).
+    text = dialect == "postgresql"
+    return _channel(connection, dialect, "format", _run_django, text_values=text)
 
 
 _SYNC_KINDS: tuple[tuple[str, tuple[str, ...], Callable[[Any], Channel]], ...] = (
-    ("sqlite3", ("Connection",), lambda c: Channel("sqlite", "qmark", _dbapi(c))),
-    ("psycopg", ("Connection",), lambda c: Channel("postgresql", _psycopg_style(c), _dbapi(c))),
-    ("psycopg2", ("connection",), lambda c: Channel("postgresql", "format", _dbapi(c))),
-    ("pymysql", ("Connection",), lambda c: Channel("mysql", "format", _dbapi(c))),
+    ("sqlite3", ("Connection",), lambda c: _channel(c, "sqlite", "qmark", _run_dbapi)),
+    ("psycopg", ("Connection",), _psycopg_sync),
+    ("psycopg2", ("connection",), lambda c: _channel(c, "postgresql", "format", _run_dbapi)),
+    ("pymysql", ("Connection",), lambda c: _channel(c, "mysql", "format", _run_dbapi)),
     ("sqlalchemy", ("Connection",), _sqlalchemy_sync),
-    # A session hands out a new Connection per transaction: resolve it on every call.
-    ("sqlalchemy", ("Session", "scoped_session"), lambda c: _sqlalchemy_sync(c.connection())),
+    ("sqlalchemy", ("Session", "scoped_session"), _sqlalchemy_session),
 )
+_sync_makers: dict[type, Callable[[Any], Channel]] = {}
 
 
 def sync_channel(connection: Any, api: str = "Outbox.add") -> Channel:
+    known = _channels.get(id(connection))  # _known's first test, inline: the usual hit
+    if known is not None and (channel := _known(connection, known)) is not None:
+        return channel
+    make = _sync_makers.get(type(connection))
+    if make is None:
+        make = _sync_maker(connection, api)
+        _sync_makers[type(connection)] = make
+    return make(connection)
+
+
+def _sync_maker(connection: Any, api: str) -> Callable[[Any], Channel]:
     for root, names, make in _SYNC_KINDS:
         if _is(connection, root, *names):
-            return make(connection)
+            return make
     if _from(connection, "django") and hasattr(connection, "vendor"):
-        return _django(connection)
+        return _django
     raise _unsupported(connection, f"{api} (use {api}_async for async connections)")
 
 
 # -- async --------------------------------------------------------------------------
 
 
-def _cursor_async(connection: Any) -> AsyncExecute:
-    async def execute(query: str, params: Sequence[Any]) -> int:
-        async with connection.cursor() as cursor:
-            await cursor.execute(query, params)
-            return int(cursor.rowcount)
-
-    return execute
+async def _run_cursor_async(connection: Any, query: str, params: Sequence[Any]) -> int:
+    async with connection.cursor() as cursor:
+        await cursor.execute(query, params)
+        return int(cursor.rowcount)
 
 
-def _asyncpg(connection: Any) -> AsyncExecute:
-    async def execute(query: str, params: Sequence[Any]) -> int:
-        status: str = await connection.execute(query, *params)  # "INSERT 0 1", "DELETE 3"
-        count = status.rpartition(" ")[2]
-        return int(count) if count.isdigit() else 0
-
-    return execute
+async def _run_psycopg_async(connection: Any, query: str, params: Sequence[Any]) -> int:
+    query_bytes = _encoded.get(query) or _as_bytes(query)
+    count: int = (await connection.execute(query_bytes, params)).rowcount
+    return count
 
 
-def _aiosqlite(connection: Any) -> AsyncExecute:
-    async def execute(query: str, params: Sequence[Any]) -> int:
-        cursor = await connection.execute(query, params)
-        count = int(cursor.rowcount)
-        await cursor.close()
-        return count
-
-    return execute
+async def _run_asyncpg(connection: Any, query: str, params: Sequence[Any]) -> int:
+    status: str = await connection.execute(query, *params)  # "INSERT 0 1", "DELETE 3"
+    count = status.rpartition(" ")[2]
+    return int(count) if count.isdigit() else 0
 
 
-async def _sqlalchemy_async(connection: Any) -> Channel:
-    if _is(connection, "sqlalchemy", "AsyncSession", "async_scoped_session"):
-        connection = await connection.connection()
+async def _run_aiosqlite(connection: Any, query: str, params: Sequence[Any]) -> int:
+    cursor = await connection.execute(query, params)
+    count = int(cursor.rowcount)
+    await cursor.close()
+    return count
+
+
+async def _run_sqlalchemy_async(connection: Any, query: str, params: Sequence[Any]) -> int:
+    return int((await connection.exec_driver_sql(query, tuple(params))).rowcount)
+
+
+def _psycopg_async(connection: Any) -> Channel:
+    factory = connection.cursor_factory
+    style = _psycopg_style(factory)
+    run = _run_psycopg_async
+    return _channel(connection, "postgresql", style, run, factory, text_values=True)
+
+
+def _sqlalchemy_async(connection: Any, *, keep: bool = True) -> Channel:
     dialect = _SQLALCHEMY_DIALECTS.get(connection.dialect.name)
     if dialect is None:
         raise _unsupported(connection, "Outbox.add_async")
+    style, text = connection.dialect.paramstyle, connection.dialect.driver == "psycopg"
+    run = _run_sqlalchemy_async
+    return _channel(connection, dialect, style, run, keep=keep, text_values=text)
 
-    async def execute(query: str, params: Sequence[Any]) -> int:
-        return int((await connection.exec_driver_sql(query, tuple(params))).rowcount)
 
-    return Channel(dialect, connection.dialect.paramstyle, execute)
+_ASYNC_KINDS: tuple[tuple[str, tuple[str, ...], Callable[[Any], Channel]], ...] = (
+    ("psycopg", ("AsyncConnection",), _psycopg_async),
+    ("asyncpg", ("Connection", "PoolConnectionProxy"),
+     lambda c: _channel(c, "postgresql", "numeric_dollar", _run_asyncpg)),
+    ("aiosqlite", ("Connection",), lambda c: _channel(c, "sqlite", "qmark", _run_aiosqlite)),
+    ("aiomysql", ("Connection",), lambda c: _channel(c, "mysql", "format", _run_cursor_async)),
+    ("asyncmy", ("Connection",), lambda c: _channel(c, "mysql", "format", _run_cursor_async)),
+    ("sqlalchemy", ("AsyncConnection",), _sqlalchemy_async),
+)  # fmt: skip
+_async_makers: dict[type, Callable[[Any], Channel]] = {}
+_ASYNC_SESSIONS = ("AsyncSession", "async_scoped_session")
 
 
 async def async_channel(connection: Any, api: str = "Outbox.add") -> Channel:
-    if _is(connection, "psycopg", "AsyncConnection"):
-        return Channel("postgresql", _psycopg_style(connection), _cursor_async(connection))
-    if _is(connection, "asyncpg", "Connection", "PoolConnectionProxy"):
-        return Channel("postgresql", "numeric_dollar", _asyncpg(connection))
-    if _is(connection, "aiosqlite", "Connection"):
-        return Channel("sqlite", "qmark", _aiosqlite(connection))
-    if _is(connection, "aiomysql", "Connection") or _is(connection, "asyncmy", "Connection"):
-        return Channel("mysql", "format", _cursor_async(connection))
-    if _is(connection, "sqlalchemy", "AsyncConnection", "AsyncSession", "async_scoped_session"):
-        return await _sqlalchemy_async(connection)
+    if _is(connection, "sqlalchemy", *_ASYNC_SESSIONS):
+        return _sqlalchemy_async(await connection.connection(), keep=False)
+    known = _channels.get(id(connection))
+    if known is not None and (channel := _known(connection, known)) is not None:
+        return channel
+    make = _async_makers.get(type(connection))
+    if make is None:
+        make = _async_maker(connection, api)
+        _async_makers[type(connection)] = make
+    return make(connection)
+
+
+def _async_maker(connection: Any, api: str) -> Callable[[Any], Channel]:
+    for root, names, make in _ASYNC_KINDS:
+        if _is(connection, root, *names):
+            return make
     raise _unsupported(connection, f"{api}_async (use {api} for sync connections)")

@@ -5,15 +5,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from relaybox.core.identifiers import DEFAULT_TABLE, notify_channel, validate_table_name
 from relaybox.core.message import Message, Target
 from relaybox.core.payload import DEFAULT_MAX_PAYLOAD_BYTES, check_size
 from relaybox.core.records import InsertRow, Routing
 from relaybox.errors import ConfigurationError
-from relaybox.sql.inserts import inserts
-from relaybox.writer.connections import async_channel, sync_channel
+from relaybox.sql.inserts import Statement, basic_insert, inserts
+from relaybox.writer.connections import Channel, async_channel, sync_channel
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +67,21 @@ class Outbox:
         self.notify_channel = notify_channel(self.table)
         self._next_notify = 0.0  # time.monotonic() from which the next add notifies
         self._listeners: list[CommitListener] = []
+        # Where a message that names no target goes when that is one target, not
+        # external: then a single message may take sql.inserts.basic_insert.
+        defaults = [self.routing.targets[name] for name in self.routing.default_targets]
+        only = defaults[0] if len(defaults) == 1 and not defaults[0].external else None
+        self._only_target = None if only is None else only.name
 
     def rows(self, messages: Message | Iterable[Message]) -> tuple[list[Message], list[InsertRow]]:
         """Validate `messages` against this outbox and turn them into rows; no I/O."""
-        batch = [messages] if isinstance(messages, Message) else list(messages)
         limit = self.max_payload_bytes
+        if isinstance(messages, Message):  # the usual add: no copy, no loop
+            if len(messages.body) > limit:
+                check_size(messages.body, limit)
+            batch = [messages]
+            return batch, self.routing.rows(batch)
+        batch = list(messages)
         for message in batch:
             if isinstance(message, Message) and len(message.body) > limit:
                 check_size(message.body, limit)
@@ -79,15 +89,13 @@ class Outbox:
 
     def add(self, connection: Any, messages: Message | Iterable[Message]) -> list[Message]:
         """Write `messages` through a sync connection or session, in its transaction."""
-        batch, rows = self.rows(messages)
-        if rows:
+        batch, rows = self._checked(messages)
+        if batch:
             channel = sync_channel(connection)
-            notify = self._take_notify(channel.dialect)
+            notify = None if self.notify_interval is None else self._take_notify(channel.dialect)
             try:
-                for statement in inserts(
-                    channel.dialect, self.table, channel.style, rows, notify=notify
-                ):
-                    channel.execute(statement.query, statement.params)
+                for query, params in self._statements(channel, batch, rows, notify):
+                    channel.execute(query, params)
             except BaseException:
                 self._give_back_notify(notify)
                 raise
@@ -97,19 +105,49 @@ class Outbox:
         self, connection: Any, messages: Message | Iterable[Message]
     ) -> list[Message]:
         """Write `messages` through an async connection or session, in its transaction."""
-        batch, rows = self.rows(messages)
-        if rows:
+        batch, rows = self._checked(messages)
+        if batch:
             channel = await async_channel(connection)
-            notify = self._take_notify(channel.dialect)
+            notify = None if self.notify_interval is None else self._take_notify(channel.dialect)
             try:
-                for statement in inserts(
-                    channel.dialect, self.table, channel.style, rows, notify=notify
-                ):
-                    await channel.execute(statement.query, statement.params)
+                for query, params in self._statements(channel, batch, rows, notify):
+                    await channel.execute(query, params)
             except BaseException:
                 self._give_back_notify(notify)
                 raise
         return batch
+
+    def _checked(
+        self, messages: Message | Iterable[Message]
+    ) -> tuple[list[Message], list[InsertRow] | None]:
+        """`rows`, except that a single message to the only default target is checked
+        but not made into a row yet: on PostgreSQL it takes `basic_insert`."""
+        if isinstance(messages, Message) and messages.targets is None and self._only_target:
+            if len(messages.body) > self.max_payload_bytes:
+                check_size(messages.body, self.max_payload_bytes)
+            return [messages], None
+        return self.rows(messages)  # no rows exactly when no messages
+
+    def _statements(
+        self,
+        channel: Channel,
+        batch: list[Message],
+        rows: list[InsertRow] | None,
+        notify: str | None,
+    ) -> Sequence[Statement]:
+        if rows is None:
+            if channel.dialect == "postgresql":
+                statement = basic_insert(
+                    self.table, channel.style, batch[0], cast(str, self._only_target),
+                    notify, channel.text_values,
+                )  # fmt: skip
+                if statement is not None:
+                    return (statement,)
+            rows = self.routing.rows(batch)
+        return inserts(
+            channel.dialect, self.table, channel.style, rows,
+            notify=notify, text_values=channel.text_values,
+        )  # fmt: skip
 
     def _take_notify(self, dialect: str) -> str | None:
         """The channel to NOTIFY with this add, if it is PostgreSQL and the interval is up.
