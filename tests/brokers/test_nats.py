@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import socket
 import sys
@@ -389,8 +388,8 @@ async def test_max_payload_is_counted_exactly_with_the_headers(shared: NatsHarne
     await shared.prepare(topic)
     probe = stored(topic, key="edge", headers={"x-app": "naïve café"})
     envelope_size = wire_size(probe, "relaybox") - len(probe.payload)
-    fits = dataclasses.replace(probe, payload=b"x" * (MAX_PAYLOAD - envelope_size))
-    over = dataclasses.replace(probe, payload=b"x" * (MAX_PAYLOAD - envelope_size + 1))
+    fits = probe._replace(payload=b"x" * (MAX_PAYLOAD - envelope_size))
+    over = probe._replace(payload=b"x" * (MAX_PAYLOAD - envelope_size + 1))
     async with started(shared.publisher()) as publisher:
         assert outcomes(await publisher.publish([over])) == [Outcome.PERMANENT]
         assert outcomes(await publisher.publish([fits])) == [Outcome.ACKED]

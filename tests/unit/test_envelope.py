@@ -6,7 +6,6 @@ same names, values and order for every combination of optional fields.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import itertools
 from collections.abc import Iterator
@@ -86,8 +85,8 @@ def variants() -> Iterator[StoredMessage]:
     for missing in itertools.product((False, True), repeat=len(OPTIONAL)):
         nones = {name: None for name, gone in zip(OPTIONAL, missing, strict=True) if gone}
         for external, headers, occurred_at in itertools.product((False, True), HEADERS, TIMES):
-            yield dataclasses.replace(
-                BASE, external=external, headers=headers, occurred_at=occurred_at, **nones
+            yield BASE._replace(
+                external=external, headers=headers, occurred_at=occurred_at, **nones
             )
 
 
@@ -105,5 +104,5 @@ def test_attributes_and_headers_are_what_they_were(source: str) -> None:
 
 
 def test_attribute_names_lists_every_attribute_in_order() -> None:
-    everything = dataclasses.replace(BASE, headers={"traceparent": TRACEPARENT})
+    everything = BASE._replace(headers={"traceparent": TRACEPARENT})
     assert tuple(envelope.attributes(everything)) == envelope.ATTRIBUTE_NAMES

@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import operator
 import random
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from relaybox.core.circuit import CircuitBreaker, CircuitState
 from relaybox.core.publishing import Outcome, PublishResult, transient, unavailable
@@ -47,17 +47,20 @@ class Settlement:
         }  # fmt: skip
 
 
-def chains(messages: Iterable[StoredMessage]) -> list[deque[StoredMessage]]:
+def chains(messages: Sequence[StoredMessage]) -> list[list[StoredMessage]]:
     """Messages grouped by (target, key), each group in sequence order."""
-    by_key: dict[tuple[str, str], deque[StoredMessage]] = {}
-    result: list[deque[StoredMessage]] = []
-    for message in sorted(messages, key=lambda m: m.seq):
+    seqs = [m.seq for m in messages]
+    if not all(map(operator.lt, seqs, seqs[1:])):  # storages hand them out in order
+        messages = sorted(messages, key=lambda m: m.seq)
+    by_key: dict[tuple[str, str], list[StoredMessage]] = {}
+    result: list[list[StoredMessage]] = []
+    for message in messages:
         if message.key is None:
-            result.append(deque((message,)))
+            result.append([message])
             continue
         chain = by_key.get((message.target, message.key))
         if chain is None:
-            chain = by_key[(message.target, message.key)] = deque()
+            chain = by_key[(message.target, message.key)] = []
             result.append(chain)
         chain.append(message)
     return result
@@ -89,25 +92,27 @@ class Delivery:
         """Publish `messages`, filling `settlement` as outcomes arrive (so a cancelled
         delivery still tells what it confirmed)."""
         active = chains(messages)
+        depth = 0  # wave `depth` sends each active chain's message at that position
         while active:
             if still_ours is not None and not still_ours():
                 # The lease ran out: someone else may hold these rows now. Publish no more
                 # and record nothing for the rest (their marks would be refused anyway).
                 logger.warning("lease lost mid-batch", extra={"action": "lease_lost"})
                 break
-            wave = [chain.popleft() for chain in active]
+            wave = [chain[depth] for chain in active]
             results = await self._publish_wave(wave)
             survivors = []
             published = settlement.published
+            depth += 1
             for chain, message, result in zip(active, wave, results, strict=True):
                 if result.outcome is Outcome.ACKED:  # the rule: no call to _settle_one
                     published.append(message.seq)
-                    if chain:
+                    if len(chain) > depth:
                         survivors.append(chain)
-                elif self._settle_one(message, result, settlement) and chain:
+                elif self._settle_one(message, result, settlement) and len(chain) > depth:
                     survivors.append(chain)
                 else:
-                    settlement.released.extend(m.seq for m in chain)
+                    settlement.released.extend(m.seq for m in chain[depth:])
             active = survivors
 
     def _settle_one(self, message: StoredMessage, result: PublishResult, out: Settlement) -> bool:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from relaybox import sql
@@ -245,10 +246,9 @@ class PostgresStorage:
         partition_count: int = DEFAULT_PARTITIONS,
         in_flight: Sequence[StoredMessage] = (),
     ) -> list[StoredMessage]:
-        keyed = [m for m in in_flight if m.key is not None]
+        keys = json.dumps([(m.target, m.key) for m in in_flight if m.key is not None])
         args = [limit, _list(partitions), require_partitions(partition_count), _list(targets),
-                [m.seq for m in in_flight], [m.target for m in keyed],
-                [m.key for m in keyed]]  # fmt: skip
+                _array_text(m.seq for m in in_flight), keys]  # fmt: skip
         decoder = decode if self._url.driver == "psycopg" else decode_exact
         found = await self._run("read", args, rows=True)
         return readable(found, partition_count, decoder)
@@ -266,7 +266,7 @@ class PostgresStorage:
         args = [worker, require_partitions(partition_count),
                 [f.seq for f in failed], [f.error for f in failed],
                 [float(f.retry_in) for f in failed], [f.seq for f in abandoned],
-                [f.error for f in abandoned], list(published), delete]  # fmt: skip
+                [f.error for f in abandoned], _array_text(published), delete]  # fmt: skip
         ((failed_n, abandoned_n, published_n),) = await self._run("settle_owned", args, rows=True)
         return Settled(int(failed_n), int(abandoned_n), int(published_n))
 
@@ -370,6 +370,11 @@ async def _rolled_back(driver: _Driver) -> bool:
     except Exception:  # noqa: BLE001 - the caller raises the original error
         return False
     return True
+
+
+def _array_text(numbers: Iterable[int]) -> str:
+    """Integers as PostgreSQL array text, `{1,2,3}` (see the read query's comment)."""
+    return "{" + ",".join(map(str, numbers)) + "}"
 
 
 def _list(values: Sequence[Any] | None) -> list[Any] | None:

@@ -114,18 +114,20 @@ SELECT * FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::integer, 
 
 -- name: read
 -- The owned read (migrations/0005_owned_partitions.sql): $1 limit, $2 partitions or
--- NULL, $3 partition count, $4 targets or NULL, $5 the seqs in flight, $6 and $7
--- the targets and keys of the keyed ones.
+-- NULL, $3 partition count, $4 targets or NULL, $5 the seqs in flight (array text),
+-- $6 the [target, key] of the keyed ones (JSON). Long lists travel as text: asyncpg
+-- checks every element of an array parameter against collections.abc, about 1 ms a
+-- batch for the relay's lists of 500, where one string costs nothing.
 SELECT * FROM {prefix}_read($1::integer, $2::integer[], $3::integer, $4::text[],
-    $5::bigint[], $6::text[], $7::text[]);
+    $5::text::bigint[], $6::text::jsonb);
 
 -- name: settle_owned
 -- Everything a relay that holds partitions learned about rows it read, in one
 -- statement: $1 worker, $2 partition count; failed ($3 seqs, $4 errors, $5 retry-in
--- seconds), abandoned ($6 seqs, $7 errors), published ($8 seqs; $9 true: delete them,
--- false: keep them as published). Only rows still live in a partition the worker holds
--- are touched (the fence: a relay that lost a partition changes nothing there). Counts
--- come back in that order.
+-- seconds), abandoned ($6 seqs, $7 errors), published ($8 seqs, as array text; $9 true:
+-- delete them, false: keep them as published). Only rows still live in a partition the
+-- worker holds are touched (the fence: a relay that lost a partition changes nothing
+-- there). Counts come back in that order.
 WITH owned AS MATERIALIZED (
     SELECT p.partition FROM {table}_partitions p WHERE p.owner = $1::text
 ), failed AS (
@@ -147,7 +149,7 @@ WITH owned AS MATERIALIZED (
     RETURNING 1
 ), deleted AS (
     DELETE FROM {table} o
-    WHERE $9::boolean AND o.seq = ANY($8::bigint[])
+    WHERE $9::boolean AND o.seq = ANY($8::text::bigint[])
       AND o.published_at IS NULL AND o.abandoned_at IS NULL
       AND o.partition % $2::integer IN (SELECT partition FROM owned)
     RETURNING 1
@@ -155,7 +157,7 @@ WITH owned AS MATERIALIZED (
     UPDATE {table} o
     SET status = 'published', published_at = now(),
         locked_by = NULL, locked_until = NULL, lock_token = NULL
-    WHERE NOT $9::boolean AND o.seq = ANY($8::bigint[])
+    WHERE NOT $9::boolean AND o.seq = ANY($8::text::bigint[])
       AND o.published_at IS NULL AND o.abandoned_at IS NULL
       AND o.partition % $2::integer IN (SELECT partition FROM owned)
     RETURNING 1

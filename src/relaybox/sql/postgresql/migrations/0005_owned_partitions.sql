@@ -200,7 +200,7 @@ $$;
 -- p_count, or all when NULL) and its targets, due, oldest first, that the relay may
 -- publish now, in per-key order. Nothing is written, so nothing is locked or logged.
 -- What the relay has in flight comes in as arguments: the seqs (p_busy), and the
--- (target, key) of each keyed one (p_busy_targets, p_busy_keys). Rows in flight are
+-- [target, key] of each keyed one (p_busy_keys, a JSON array). Rows in flight are
 -- left out, and so is every row of a key in flight: a key's rows in flight are its
 -- earliest live rows, as keys are read in order from their head. A waiting row
 -- (delayed, or backing off; waiting_ix) holds back what comes after it in its key.
@@ -215,7 +215,7 @@ $$;
 -- keys come from a small index as a jsonb object looked up per row.
 CREATE OR REPLACE FUNCTION {prefix}_read(
     p_limit integer, p_partitions integer[], p_count integer, p_targets text[],
-    p_busy bigint[], p_busy_targets text[], p_busy_keys text[])
+    p_busy bigint[], p_busy_keys jsonb)
 RETURNS TABLE (
     seq bigint, id uuid, target text, external boolean, topic text,
     key text, partition integer, type text, content_type text, payload bytea,
@@ -262,7 +262,7 @@ BEGIN
     WHERE (w.status = 'processing' OR w.available_at <= now())
       AND w.seq NOT IN (SELECT unnest(p_busy))
       AND (w.key IS NULL OR (w.target, w.key) NOT IN (
-          SELECT * FROM unnest(p_busy_targets, p_busy_keys)))
+          SELECT k ->> 0, k ->> 1 FROM jsonb_array_elements(p_busy_keys) AS k))
       AND (v_wait IS NULL OR w.key IS NULL
            OR coalesce((v_wait ->> (w.target || chr(31) || w.key))::bigint > w.seq, true))
     ORDER BY w.seq
