@@ -175,9 +175,11 @@ class Delivery:
             circuit.record_success()
             # The broker confirmed others of this call: it is up, so a failure here is
             # the message's own and counts an attempt, whatever the publisher thought.
-            results = [
-                dataclasses.replace(r, unavailable=False) if r.unavailable else r for r in results
-            ]
+            if any(r.unavailable for r in results):
+                results = [
+                    dataclasses.replace(r, unavailable=False) if r.unavailable else r
+                    for r in results
+                ]
         elif all(r.outcome is Outcome.TRANSIENT for r in results):
             circuit.record_failure()
             if circuit.state is CircuitState.OPEN:

@@ -263,6 +263,9 @@ class PostgresStorage:
         published: Sequence[int] = (),
         delete: bool = True,
     ) -> Settled:
+        if delete and not failed and not abandoned:
+            args = [worker, require_partitions(partition_count), _array_text(published)]
+            return Settled(published=int(await self._run("delete_owned", args, rows=False)))
         args = [worker, require_partitions(partition_count),
                 [f.seq for f in failed], [f.error for f in failed],
                 [float(f.retry_in) for f in failed], [f.seq for f in abandoned],

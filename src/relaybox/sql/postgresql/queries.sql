@@ -165,6 +165,15 @@ WITH owned AS MATERIALIZED (
 SELECT (SELECT count(*) FROM failed), (SELECT count(*) FROM abandoned),
     (SELECT count(*) FROM deleted) + (SELECT count(*) FROM kept);
 
+-- name: delete_owned
+-- settle_owned's commonest case, every row of a batch published and deleted, as the
+-- one statement it needs (settle_owned's five CTEs cost 0.7 ms more per batch):
+-- $1 worker, $2 partition count, $3 seqs (array text).
+DELETE FROM {table} o
+WHERE o.seq = ANY($3::text::bigint[]) AND o.published_at IS NULL AND o.abandoned_at IS NULL
+  AND o.partition % $2::integer IN (
+      SELECT p.partition FROM {table}_partitions p WHERE p.owner = $1::text);
+
 -- name: mark_published
 UPDATE {table}
 SET status = 'published', published_at = now(),
