@@ -106,3 +106,27 @@ def test_attributes_and_headers_are_what_they_were(source: str) -> None:
 def test_attribute_names_lists_every_attribute_in_order() -> None:
     everything = BASE._replace(headers={"traceparent": TRACEPARENT})
     assert tuple(envelope.attributes(everything)) == envelope.ATTRIBUTE_NAMES
+
+
+@pytest.mark.parametrize("source", ["relaybox", "shop"])
+def test_common_values_are_those_of_the_commonest_shape(source: str) -> None:
+    """Publishers format a message `common_values` accepts from a template of
+    COMMON_ATTRIBUTES: its attributes must be exactly those, with these values."""
+    common = 0
+    for message in variants():
+        values = envelope.common_values(message)
+        shape = (
+            message.key is not None and not message.headers and not message.external
+            and all(getattr(message, name) is None for name in OPTIONAL[1:])
+        )  # fmt: skip
+        assert (values is not None) == shape
+        if values is None:
+            continue
+        attributes = envelope.attributes(message, source)
+        assert tuple(attributes) == envelope.COMMON_ATTRIBUTES
+        made = ("id", "time", "sequence", "partition", "attempts")
+        assert values == tuple(attributes[name] for name in made)
+        assert (attributes["source"], attributes["type"]) == (source, message.type)
+        assert attributes["subject"] == attributes["partitionkey"] == message.key
+        common += 1
+    assert common == len(TIMES)

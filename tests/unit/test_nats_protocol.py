@@ -94,6 +94,8 @@ def test_the_block_of_a_message_without_headers_is_that_of_its_wire_headers() ->
         {"correlation_id": "cr\ronly", "tenant_id": "lf\nonly"},
         {"content_type": "application/json\t"},
         {"key": ""},
+        {"key": "clé", "type": "x\u00a0"},
+        {"key": "ünïcode"},
     ],
 )
 async def test_a_value_to_clean_takes_the_careful_way(fields: dict[str, str]) -> None:

@@ -15,10 +15,12 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 from redis.asyncio.connection import Connection
 
+from relaybox.core import envelope
 from relaybox.core.publishing import Outcome
 from relaybox.publishers import redis as redis_publisher
 from relaybox.publishers import redis_protocol
 from tests.brokers.harness import stored
+from tests.unit.test_envelope import variants
 
 
 def redis_py_command(key: str, fields: dict[Any, Any], maxlen: int | None, approx: bool) -> bytes:
@@ -70,6 +72,36 @@ def test_a_relaybox_entry_is_what_redis_py_would_send(message: Any) -> None:
         redis_publisher.text_fields(message, "relaybox"), redis_publisher._FIELD_HEADS,
     )  # fmt: skip
     assert b"".join(got) == expected
+
+
+ODD = (
+    {}, {"key": ""}, {"key": "clé"}, {"type": " padded\r\n"}, {"content_type": "ünï"},
+    {"seq": 10**15, "attempts": 12, "partition": 0}, {"payload": b""},
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("source", ["relaybox", "shöp"])
+@pytest.mark.parametrize(("maxlen", "approx"), [(None, True), (1000, True), (10, False)])
+def test_the_commonest_entry_is_formatted_as_any_other(
+    source: str, maxlen: int | None, approx: bool
+) -> None:
+    """The template for messages of the commonest shape sends the bytes of `xadd`."""
+    trim = redis_protocol.trim_options(maxlen, approx)
+    templated = 0
+    messages = [*variants(), *(stored("orders", **fields) for fields in ODD)]
+    for message in messages:
+        values = envelope.common_values(message)
+        if values is None:
+            continue
+        expected = b"".join(redis_protocol.xadd(
+            "p:orders", trim, redis_publisher.DATA_FIELD, message.payload,
+            redis_publisher.text_fields(message, source), redis_publisher._FIELD_HEADS,
+        ))  # fmt: skip
+        got = redis_publisher.common_entry("p:orders", trim, message, values, source)
+        if got is not None:
+            assert b"".join(got) == expected
+            templated += 1
+    assert templated >= (len(ODD) - 2 if source.isascii() else 0)
 
 
 def test_text_utf8_cannot_carry_is_refused_as_redis_py_refuses_it() -> None:
@@ -135,3 +167,20 @@ async def test_each_reply_settles_its_own_message_until_the_connection_breaks() 
     assert len(connection.sent) == 1  # one write for the whole call
     assert connection.sent[0].count(b"XADD") == 6
     assert client.connection_pool.released == [connection]
+
+
+async def test_a_publish_sends_the_commonest_entry_as_redis_py_would() -> None:
+    common = stored("orders", key="k1")
+    other = stored("orders", key=None)
+    assert envelope.common_values(common) is not None
+    assert envelope.common_values(other) is None
+    connection = FakeConnection([b"1-1", b"1-2"])
+    publisher = redis_publisher.RedisPublisher("redis://x", prefix="p:", maxlen=5)
+    publisher._client = FakeClient(connection)  # type: ignore[assignment]
+    results = await publisher.publish([common, other])
+    assert [r.outcome for r in results] == [Outcome.ACKED, Outcome.ACKED]
+    expected = [
+        redis_py_command("p:orders", redis_publisher.fields(message, "relaybox"), 5, True)
+        for message in (common, other)
+    ]
+    assert connection.sent == [b"".join(expected)]

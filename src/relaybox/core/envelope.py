@@ -33,6 +33,41 @@ ATTRIBUTE_NAMES = (
 INTERNAL_ATTRIBUTES = frozenset({"sequence", "partition", "aggregateid", "attempts"})
 
 
+#: The attributes of the commonest message, in `attributes`' order: one with a key, no
+#: correlation, causation, tenant or aggregate id, no headers of its own, to an
+#: internal target (see `common_values`).
+COMMON_ATTRIBUTES = (
+    "specversion", "id", "source", "type", "time", "subject", "partitionkey",
+    "sequence", "partition", "attempts",
+)  # fmt: skip
+
+
+def common_values(message: StoredMessage) -> tuple[str, str, str, str, str] | None:
+    """For a message of the commonest shape (its attributes are COMMON_ATTRIBUTES), the
+    values of those that are made here: id, time, sequence, partition and attempts
+    (the others are the source, the type and the key as they are); None for any other
+    message. A publisher formats such a message in one template instead of walking
+    `attributes` (a Redis entry 4.6 -> 3.4 us, a NATS header block 4.2 -> 2.8)."""
+    if (
+        message.key is None
+        or message.headers
+        or message.external
+        or message.correlation_id is not None
+        or message.causation_id is not None
+        or message.tenant_id is not None
+        or message.aggregate_id is not None
+    ):
+        return None
+    return (
+        str(message.id), _time(message), str(message.seq), str(message.partition),
+        str(message.attempts),
+    )  # fmt: skip
+
+
+def _time(message: StoredMessage) -> str:
+    return message.occurred_at.isoformat().replace("+00:00", "Z")
+
+
 def attributes(message: StoredMessage, source: str = DEFAULT_SOURCE) -> dict[str, str]:
     """The message's CloudEvents attributes, as strings, without `datacontenttype`
     (each binding carries that in its own content-type field).
@@ -45,7 +80,7 @@ def attributes(message: StoredMessage, source: str = DEFAULT_SOURCE) -> dict[str
         "id": str(message.id),
         "source": source,
         "type": message.type,
-        "time": message.occurred_at.isoformat().replace("+00:00", "Z"),
+        "time": _time(message),
     }
     key = message.key
     if key is not None:

@@ -37,6 +37,7 @@ import itertools
 import json
 import logging
 from collections.abc import Sequence
+from typing import cast
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -96,6 +97,11 @@ def header_block(message: StoredMessage, source: str) -> bytes:
     none colliding), so its lines are formatted straight from its attributes: 4.8 us
     instead of 7.2 for building the dict and then checking every name in it.
     """
+    values = envelope.common_values(message)
+    if values is not None:
+        block = _common_block(message, values, source)
+        if block is not None:
+            return block
     if not message.headers:
         attributes = envelope.attributes(message, source)
         content_type, message_id = message.content_type, attributes["id"]
@@ -107,6 +113,37 @@ def header_block(message: StoredMessage, source: str) -> bytes:
         if block is not None:
             return block
     return nats_protocol.header_block(wire_headers(message, source))
+
+
+#: The lines of a block of the commonest message (`_common_block`).
+_COMMON_LINES = len(envelope.COMMON_ATTRIBUTES) + 2 + 2  # content-type, id; NATS/1.0, end
+
+
+def _common_block(
+    message: StoredMessage, values: tuple[str, str, str, str, str], source: str
+) -> bytes | None:
+    """The block of a message of the commonest shape (`envelope.common_values` gave
+    `values`) in one template: the bytes of the way below (a test holds it to that),
+    2.8 instead of 4.2 us. None if a value needs cleaning."""
+    ident, time, seq, partition, attempts = values
+    kind, key, content_type = message.type, cast(str, message.key), message.content_type
+    block = (
+        f"{nats_protocol.HEADER_LINE}{PREFIX}specversion: {envelope.SPEC_VERSION}\r\n"
+        f"{ID_HEADER}: {ident}\r\n{PREFIX}source: {source}\r\n{PREFIX}type: {kind}\r\n"
+        f"{PREFIX}time: {time}\r\n{PREFIX}subject: {key}\r\n{PREFIX}partitionkey: {key}\r\n"
+        f"{PREFIX}sequence: {seq}\r\n{PREFIX}partition: {partition}\r\n"
+        f"{PREFIX}attempts: {attempts}\r\ncontent-type: {content_type}\r\n"
+        f"Nats-Msg-Id: {ident}\r\n\r\n"
+    )
+    clean = (
+        block.count("\n") == _COMMON_LINES
+        and block.count("\r") == _COMMON_LINES
+        and kind.strip() == kind
+        and key.strip() == key
+        and content_type.strip() == content_type
+        and source.strip() == source
+    )
+    return block.encode() if clean else None
 
 
 def wire_size(message: StoredMessage, source: str) -> int:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
@@ -60,6 +61,11 @@ CONTENT_TYPE_FIELD = "datacontenttype"
 HEADER_PREFIX = "h_"
 #: Every entry's fields but the headers, whose RESP text is made once.
 _FIELD_HEADS = redis_protocol.field_heads((CONTENT_TYPE_FIELD, *envelope.ATTRIBUTE_NAMES))
+#: The commonest entry's fields (`common_entry`), as `text_fields` orders them.
+_COMMON_FIELDS = (CONTENT_TYPE_FIELD, *envelope.COMMON_ATTRIBUTES)
+_H = {name: _FIELD_HEADS[name] for name in _COMMON_FIELDS}
+_SPEC = _H["specversion"] + redis_protocol.bulk(envelope.SPEC_VERSION)[1:]
+_DATA = redis_protocol.bulk(DATA_FIELD)
 
 #: Replies worth retrying: the server is out of memory, loading, a replica, or failing over.
 _TRANSIENT_REPLIES = (
@@ -101,6 +107,34 @@ def text_fields(message: StoredMessage, source: str) -> dict[str, str]:
     if message.headers:
         entry.update({HEADER_PREFIX + name: value for name, value in message.headers.items()})
     return entry
+
+
+def common_entry(
+    stream: str, trim: tuple[int, str], message: StoredMessage,
+    values: tuple[str, str, str, str, str], source: str,
+) -> list[bytes] | None:  # fmt: skip
+    """`redis_protocol.xadd` of `text_fields` for a message of the commonest shape
+    (`envelope.common_values` gave `values`), formatted in one template: the same
+    bytes (a test holds it to that), 3.4 instead of 4.6 us. None if some text is not
+    ASCII (then `xadd` counts its bytes)."""
+    ident, time, seq, partition, attempts = values
+    kind, key, content_type, h = message.type, cast(str, message.key), message.content_type, _H
+    pairs = (
+        f"\r\n{h[CONTENT_TYPE_FIELD]}{len(content_type)}\r\n{content_type}\r\n{_SPEC}"
+        f"{h['id']}{len(ident)}\r\n{ident}\r\n{h['source']}{len(source)}\r\n{source}\r\n"
+        f"{h['type']}{len(kind)}\r\n{kind}\r\n{h['time']}{len(time)}\r\n{time}\r\n"
+        f"{h['subject']}{len(key)}\r\n{key}\r\n{h['partitionkey']}{len(key)}\r\n{key}\r\n"
+        f"{h['sequence']}{len(seq)}\r\n{seq}\r\n{h['partition']}{len(partition)}\r\n"
+        f"{partition}\r\n{h['attempts']}{len(attempts)}\r\n{attempts}\r\n"
+    )
+    if not pairs.isascii():
+        return None
+    count, options = trim
+    head = (
+        f"*{5 + count + 2 * len(_COMMON_FIELDS)}\r\n$4\r\nXADD\r\n"
+        f"{redis_protocol.bulk(stream)}{options}$1\r\n*\r\n{_DATA}${len(message.payload)}\r\n"
+    )
+    return [head.encode(), message.payload, pairs.encode()]
 
 
 def classify(error: BaseException) -> PublishResult:
@@ -162,11 +196,18 @@ class RedisPublisher:
             raise ConfigurationError("RedisPublisher.publish called before start()")
         refused: dict[int, PublishResult] = {}
         commands: list[bytes] = []
+        source, trim = self._source, self._trim
         for index, message in enumerate(messages):
+            stream = self.prefix + message.topic
             try:
-                commands += redis_protocol.xadd(
-                    self.prefix + message.topic, self._trim, DATA_FIELD, message.payload,
-                    text_fields(message, self._source), _FIELD_HEADS,
+                values = envelope.common_values(message)
+                command = (
+                    None if values is None
+                    else common_entry(stream, trim, message, values, source)
+                )  # fmt: skip
+                commands += command or redis_protocol.xadd(
+                    stream, trim, DATA_FIELD, message.payload,
+                    text_fields(message, source), _FIELD_HEADS,
                 )  # fmt: skip
             except UnicodeEncodeError as error:
                 refused[index] = permanent(f"the entry cannot be sent as UTF-8: {error}")
