@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -16,6 +18,23 @@ def test_schema_prints_ddl_for_each_dialect() -> None:
         result = runner.invoke(main, ["schema", "--dialect", dialect, "--table", "shop_outbox"])
         assert result.exit_code == 0, result.output
         assert "CREATE TABLE IF NOT EXISTS shop_outbox" in result.output
+
+
+def test_python_dash_m_relaybox_is_the_command(tmp_path: Path) -> None:
+    """`python -m relaybox` runs the same command, where its script is not on PATH."""
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    done = subprocess.run(
+        [sys.executable, "-m", "relaybox", "migrate", "--db", url],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "m.db").exists()
+    usage = subprocess.run(
+        [sys.executable, "-m", "relaybox", "--help"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert usage.returncode == 0
+    assert usage.stdout.startswith("Usage: relaybox ")
 
 
 def test_schema_rejects_a_bad_table_name() -> None:
