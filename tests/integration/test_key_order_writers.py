@@ -15,7 +15,7 @@ import psycopg
 import pymysql
 import pytest
 
-from relaybox import Message, Outbox
+from relaybox import Message, Outbox, sql
 from relaybox.migrations import migrate
 from relaybox.storage import open_storage
 from tests.databases import MYSQL_URL, PG_URL, drop, unique_table
@@ -95,3 +95,56 @@ def test_writers_of_different_keys_do_not_wait(db: tuple[str, str]) -> None:
         first.close()
         second.close()
     assert sorted(k or "" for k, _ in claim_keys(dialect, table)) == ["", "a", "b"]
+
+
+ONE_ROW_INSERTS = [
+    name
+    for base in ("insert_one", "insert_one_now", "insert_one_basic")
+    for name in (base, base + "_notify")
+]
+
+
+@pytest.mark.parametrize("name", ONE_ROW_INSERTS)
+def test_the_key_lock_is_taken_before_the_seq_is_drawn(name: str) -> None:
+    """What the waiting above cannot show: writer B may draw seq 1, writer A seq 2, and
+    A still win the key lock, unless the lock comes first. A plan runs bottom-up: the
+    node that calls the lock sits below the one that draws the seq (the subquery that
+    holds the lock call is volatile, so PostgreSQL never pulls it up into that node)."""
+    table = unique_table("kl")
+    asyncio.run(migrate(PG_URL, table=table))
+    try:
+        query = sql.queries("postgresql", table)[name]
+        with psycopg.connect(PG_URL) as conn:
+            # The plan a writer's connection runs from its sixth add on; a custom plan
+            # for these NULLs would fold the strict lock call away.
+            conn.execute("SET plan_cache_mode = force_generic_plan")
+            conn.execute(f"PREPARE probe AS {query}")
+            params = conn.execute(
+                "SELECT array_length(parameter_types, 1) FROM pg_prepared_statements"
+                " WHERE name = 'probe'"
+            ).fetchone()
+            assert params is not None
+            nulls = ", ".join(["NULL"] * params[0])
+            (plan,) = conn.execute(f"EXPLAIN (VERBOSE, FORMAT JSON) EXECUTE probe({nulls})")
+        (document,) = plan
+        root = document[0]["Plan"]
+        drawing = _path_to(root, "nextval(")
+        locking = _path_to(root, "pg_advisory_xact_lock(")
+        assert drawing is not None
+        assert locking is not None
+        below = locking[: len(drawing)] == drawing and len(locking) > len(drawing)
+        assert below, f"{name}: the key lock must be called in a node below the seq's"
+    finally:
+        drop(PG_URL, table)
+
+
+def _path_to(node: dict[str, Any], call: str, path: tuple[int, ...] = ()) -> tuple[int, ...] | None:
+    """Child indexes from the root to the deepest node whose output or filter calls `call`."""
+    for index, child in enumerate(node.get("Plans", [])):
+        found = _path_to(child, call, (*path, index))
+        if found is not None:
+            return found
+    text = " ".join(
+        str(node.get(field, "")) for field in ("Output", "One-Time Filter", "Function Call")
+    )
+    return path if call in text else None

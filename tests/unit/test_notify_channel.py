@@ -38,7 +38,7 @@ def test_a_bad_table_name_gives_no_channel() -> None:
 )
 def test_the_notify_variants_differ_only_by_the_notify(name: str) -> None:
     queries = sql.queries("postgresql", "t")
-    without = re.sub(r", pg_notify\(\$\d+::text, ''\) AS woke", "", queries[name + "_notify"])
+    without = re.sub(r", pg_notify\(\$\d+::text, ''\)( AS woke)?", "", queries[name + "_notify"])
     assert without == queries[name]
 
 

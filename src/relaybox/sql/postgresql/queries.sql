@@ -3,6 +3,10 @@
 -- computed by the writer; NULL for a keyless message, which the strict function then
 -- skips) is taken before the row gets its seq, so a key's seq order is also its commit
 -- order: the relay can never see seq 2 of a key committed while seq 1 is in flight.
+-- The lock is taken in a subquery, not as a function in FROM: a function scan stores
+-- its one row in a tuplestore first, which cost the server ~15 us of CPU per INSERT
+-- (docs/benchmarks.md, "Writer overhead"). A subquery with a volatile call is never
+-- pulled up, so its Result runs below the projection that draws the seq.
 INSERT INTO {table} (id, target, external, topic, key, partition, type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
     available_at)
@@ -10,7 +14,7 @@ INSERT INTO {table} (id, target, external, topic, key, partition, type, content_
 SELECT $1::uuid, $2::text, $3::boolean, $4::text, $5::text, $6::integer, $7::text,
     $8::text, $9::bytea, $10::jsonb, $11::text, $12::text, $13::text, $14::text,
     $15::timestamptz, now() + $16::float8 * interval '1 second'
-FROM pg_advisory_xact_lock($17::bigint) AS key_lock;
+FROM (SELECT pg_advisory_xact_lock($17::bigint)) AS key_lock;
 
 -- name: insert_one_now
 -- The common case, no delay: available_at takes its default. $16 is the key lock.
@@ -19,7 +23,7 @@ INSERT INTO {table} (id, target, external, topic, key, partition, type, content_
 SELECT $1::uuid, $2::text, $3::boolean, $4::text, $5::text, $6::integer, $7::text,
     $8::text, $9::bytea, $10::jsonb, $11::text, $12::text, $13::text, $14::text,
     $15::timestamptz
-FROM pg_advisory_xact_lock($16::bigint) AS key_lock;
+FROM (SELECT pg_advisory_xact_lock($16::bigint)) AS key_lock;
 
 -- name: insert_one_basic
 -- The commonest row: no delay, not external, no headers and no correlation, causation,
@@ -30,7 +34,7 @@ INSERT INTO {table} (id, target, topic, key, partition, type, content_type, payl
     occurred_at)
 SELECT $1::uuid, $2::text, $3::text, $4::text, $5::integer, $6::text, $7::text,
     $8::bytea, $9::timestamptz
-FROM pg_advisory_xact_lock($10::bigint) AS key_lock;
+FROM (SELECT pg_advisory_xact_lock($10::bigint)) AS key_lock;
 
 -- name: insert_many
 -- One statement, one shape, whatever the number of rows: arrays unnested, rows kept in
@@ -64,7 +68,7 @@ INSERT INTO {table} (id, target, external, topic, key, partition, type, content_
 SELECT $1::uuid, $2::text, $3::boolean, $4::text, $5::text, $6::integer, $7::text,
     $8::text, $9::bytea, $10::jsonb, $11::text, $12::text, $13::text, $14::text,
     $15::timestamptz, now() + $16::float8 * interval '1 second'
-FROM pg_advisory_xact_lock($17::bigint) AS key_lock, pg_notify($18::text, '') AS woke;
+FROM (SELECT pg_advisory_xact_lock($17::bigint), pg_notify($18::text, '')) AS key_lock;
 
 -- name: insert_one_now_notify
 -- insert_one_now plus the NOTIFY on channel $17 (see insert_one_notify).
@@ -73,7 +77,7 @@ INSERT INTO {table} (id, target, external, topic, key, partition, type, content_
 SELECT $1::uuid, $2::text, $3::boolean, $4::text, $5::text, $6::integer, $7::text,
     $8::text, $9::bytea, $10::jsonb, $11::text, $12::text, $13::text, $14::text,
     $15::timestamptz
-FROM pg_advisory_xact_lock($16::bigint) AS key_lock, pg_notify($17::text, '') AS woke;
+FROM (SELECT pg_advisory_xact_lock($16::bigint), pg_notify($17::text, '')) AS key_lock;
 
 -- name: insert_one_basic_notify
 -- insert_one_basic plus the NOTIFY on channel $11 (see insert_one_notify).
@@ -81,7 +85,7 @@ INSERT INTO {table} (id, target, topic, key, partition, type, content_type, payl
     occurred_at)
 SELECT $1::uuid, $2::text, $3::text, $4::text, $5::integer, $6::text, $7::text,
     $8::bytea, $9::timestamptz
-FROM pg_advisory_xact_lock($10::bigint) AS key_lock, pg_notify($11::text, '') AS woke;
+FROM (SELECT pg_advisory_xact_lock($10::bigint), pg_notify($11::text, '')) AS key_lock;
 
 -- name: insert_many_notify
 -- insert_many plus the NOTIFY on channel $18 (see insert_one_notify), as one more
