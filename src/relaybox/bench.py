@@ -73,7 +73,7 @@ SIDE_TABLES = ("migrations", "key_locks", "partitions", "members")
 RAW_COLUMNS = (
     "seq, id, target, external, topic, key, partition, type, content_type, payload, "
     "headers::text, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, "
-    "created_at, attempts"
+    "attempts"
 )
 RAW_CLAIM = (
     "DELETE FROM {table} WHERE seq IN (SELECT seq FROM {table} "

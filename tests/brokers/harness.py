@@ -168,7 +168,7 @@ def stored(
         "topic": topic, "key": key, "partition": 3, "type": "order.created",
         "content_type": "application/json", "payload": payload,
         "headers": dict(headers or {}), "correlation_id": None, "causation_id": None,
-        "tenant_id": None, "aggregate_id": None, "occurred_at": now, "created_at": now,
+        "tenant_id": None, "aggregate_id": None, "occurred_at": now,
         "attempts": 0,
     }  # fmt: skip
     values.update(fields)

@@ -65,7 +65,7 @@ BASE = StoredMessage(
     partition=5, type="order.paid", content_type="application/json", payload=b"{}",
     headers={}, correlation_id="conv-1", causation_id="cause-1", tenant_id="acme",
     aggregate_id="agg-7", occurred_at=datetime.datetime(2026, 11, 22, 12, 0, tzinfo=datetime.UTC),
-    created_at=datetime.datetime(2026, 11, 22, 12, 0, tzinfo=datetime.UTC), attempts=2,
+    attempts=2,
 )  # fmt: skip
 
 OPTIONAL = ("key", "correlation_id", "causation_id", "tenant_id", "aggregate_id")

@@ -20,7 +20,7 @@ def stored(**fields: object) -> StoredMessage:
         "content_type": "application/json", "payload": b'{"total": 3}',
         "headers": {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01", "x-app": "1"},
         "correlation_id": "conv-1", "causation_id": "cause-1", "tenant_id": "acme",
-        "aggregate_id": "agg-7", "occurred_at": now, "created_at": now, "attempts": 2,
+        "aggregate_id": "agg-7", "occurred_at": now, "attempts": 2,
     }  # fmt: skip
     values.update(fields)
     return StoredMessage(**values)  # type: ignore[arg-type]

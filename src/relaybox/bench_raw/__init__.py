@@ -46,7 +46,7 @@ def sample_attributes(topic: str, payload: bytes) -> dict[str, str]:
         seq=123_456, id=uuid7(), target="default", external=False, topic=topic, key="k123",
         partition=17, type=topic, content_type="application/json", payload=payload,
         headers={}, correlation_id=None, causation_id=None, tenant_id=None,
-        aggregate_id=None, occurred_at=now, created_at=now, attempts=0,
+        aggregate_id=None, occurred_at=now, attempts=0,
     )  # fmt: skip
     return {**envelope.attributes(message), "datacontenttype": message.content_type}
 

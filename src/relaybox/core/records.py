@@ -120,7 +120,6 @@ class StoredMessage(NamedTuple):
     tenant_id: str | None
     aggregate_id: str | None
     occurred_at: datetime.datetime
-    created_at: datetime.datetime
     attempts: int
 
 

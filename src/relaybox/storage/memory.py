@@ -93,7 +93,7 @@ class _Row:
             headers=json.loads(self.headers), correlation_id=self.correlation_id,
             causation_id=self.causation_id, tenant_id=self.tenant_id,
             aggregate_id=self.aggregate_id, occurred_at=self.occurred_at,
-            created_at=self.created_at, attempts=self.attempts,
+            attempts=self.attempts,
         )  # fmt: skip
 
 

@@ -247,8 +247,9 @@ class PostgresStorage:
         in_flight: Sequence[StoredMessage] = (),
     ) -> list[StoredMessage]:
         keys = json.dumps([(m.target, m.key) for m in in_flight if m.key is not None])
+        window = 2 * limit + len(in_flight)  # live rows the read looks at, as in 0005
         args = [limit, _list(partitions), require_partitions(partition_count), _list(targets),
-                _array_text(m.seq for m in in_flight), keys]  # fmt: skip
+                _array_text(m.seq for m in in_flight), keys, window]  # fmt: skip
         decoder = decode if self._url.driver == "psycopg" else decode_exact
         found = await self._run("read", args, rows=True)
         return readable(found, partition_count, decoder)

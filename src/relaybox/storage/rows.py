@@ -15,7 +15,7 @@ from relaybox.core.records import StoredMessage
 CLAIM_COLUMNS = (
     "seq", "id", "target", "external", "topic", "key", "partition", "type", "content_type",
     "payload", "headers", "correlation_id", "causation_id", "tenant_id", "aggregate_id",
-    "occurred_at", "created_at", "attempts",
+    "occurred_at", "attempts",
 )  # fmt: skip
 _COLUMNS = len(CLAIM_COLUMNS)
 
@@ -47,7 +47,7 @@ def decode(row: Sequence[Any], partitions: int) -> StoredMessage:
     per row)."""
     (seq, id_, target, external, topic, key, partition, type_, content_type, payload,
      headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
-     created_at, attempts) = row[:_COLUMNS]  # fmt: skip
+     attempts) = row[:_COLUMNS]  # fmt: skip
     return StoredMessage(
         seq if type(seq) is int else int(seq),
         id_ if isinstance(id_, uuid.UUID) else uuid.UUID(str(id_)),
@@ -65,7 +65,6 @@ def decode(row: Sequence[Any], partitions: int) -> StoredMessage:
         tenant_id,
         aggregate_id,
         as_utc(occurred_at),
-        as_utc(created_at),
         attempts if type(attempts) is int else int(attempts),
     )
 

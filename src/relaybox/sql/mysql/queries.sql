@@ -84,7 +84,7 @@ WHERE seq IN ({seqs});
 -- Step 4: the leased rows in relaybox.storage.rows.CLAIM_COLUMNS order.
 SELECT seq, id, target, external, topic, `key`, `partition`, type, content_type, payload,
     headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
-    created_at, attempts
+    attempts
 FROM {table}
 WHERE seq IN ({seqs})
 ORDER BY seq;

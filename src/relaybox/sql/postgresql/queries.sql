@@ -112,18 +112,62 @@ ORDER BY r.ord;
 -- name: claim
 -- One call of the claim function (migrations 0004 and 0005 explain it).
 -- $1 worker, $2 limit, $3 partitions or NULL, $4 partition count, $5 targets or NULL,
--- $6 token, $7 lease s, $8 the table's claim-lock key.
-SELECT * FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::integer, $5::text[],
+-- $6 token, $7 lease s, $8 the table's claim-lock key. The function also returns
+-- created_at, which the relay does not use: left out here, since decoding a timestamp
+-- costs asyncpg about as much as all the text columns of a row together.
+SELECT expired, seq, id, target, external, topic, key, partition, type, content_type,
+    payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
+    attempts
+FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::integer, $5::text[],
     $6::uuid, $7::float8, $8::integer);
 
 -- name: read
--- The owned read (migrations/0005_owned_partitions.sql): $1 limit, $2 partitions or
--- NULL, $3 partition count, $4 targets or NULL, $5 the seqs in flight (array text),
--- $6 the [target, key] of the keyed ones (JSON). Long lists travel as text: asyncpg
--- checks every element of an array parameter against collections.abc, about 1 ms a
--- batch for the relay's lists of 500, where one string costs nothing.
-SELECT * FROM {prefix}_read($1::integer, $2::integer[], $3::integer, $4::text[],
-    $5::text::bigint[], $6::text::jsonb);
+-- The owned read (migrations 0005 and 0006 explain it), as one statement so that rows
+-- stream to the relay as they are found: $1 limit, $2 partitions or NULL, $3 partition
+-- count, $4 targets or NULL, $5 the seqs in flight (array text), $6 the [target, key]
+-- of the keyed ones (JSON), $7 the window (2 x limit + rows in flight). Long lists
+-- travel as text: asyncpg checks every element of an array parameter against
+-- collections.abc, about 1 ms a batch for the relay's lists of 500, where one string
+-- costs nothing. created_at is not read: the relay does not use it, and decoding a
+-- timestamp costs asyncpg about as much as all the text columns of a row together.
+-- The window's rows come first, in seq order; {prefix}_read_past, called only when
+-- they are fewer than $1, adds rows past the window, all of higher seqs.
+WITH picked AS (
+    SELECT w.seq, w.id, w.target, w.external, w.topic, w.key,
+        w.partition % $3::integer AS partition, w.type, w.content_type, w.payload,
+        w.headers::text AS headers, w.correlation_id, w.causation_id, w.tenant_id,
+        w.aggregate_id, w.occurred_at, w.attempts,
+        w.status = 'processing' AND w.locked_until >= now() AS blocked
+    FROM (
+        SELECT o.* FROM {table} o
+        WHERE o.published_at IS NULL AND o.abandoned_at IS NULL
+          AND ($2::integer[] IS NULL OR o.partition % $3::integer = ANY($2::integer[]))
+          AND ($4::text[] IS NULL OR o.target = ANY($4::text[]))
+        ORDER BY o.seq
+        LIMIT $7::integer) AS w
+    WHERE (w.status = 'processing' OR w.available_at <= now())
+      AND w.seq NOT IN (SELECT unnest($5::text::bigint[]))
+      AND (w.key IS NULL OR (w.target, w.key) NOT IN (
+          SELECT k ->> 0, k ->> 1 FROM jsonb_array_elements($6::text::jsonb) AS k))
+      -- A waiting row (delayed, or backing off) holds back the rest of its key: the
+      -- keys that wait, with the seq from which they do, from waiting_ix alone (NULL,
+      -- so no row is held, when none waits).
+      AND coalesce(((
+          SELECT jsonb_object_agg(x.target || chr(31) || x.key, x.first) FROM (
+              SELECT b.target, b.key, min(b.seq) AS first FROM {table} b
+              WHERE b.key IS NOT NULL AND b.published_at IS NULL AND b.abandoned_at IS NULL
+                AND b.available_at > b.created_at AND b.available_at > now()
+                AND ($4::text[] IS NULL OR b.target = ANY($4::text[]))
+              GROUP BY b.target, b.key) AS x
+          ) ->> (w.target || chr(31) || w.key))::bigint > w.seq, true)
+    ORDER BY w.seq
+    LIMIT $1::integer
+)
+SELECT * FROM picked
+UNION ALL
+SELECT * FROM {prefix}_read_past($1::integer - (SELECT count(*) FROM picked)::integer,
+    $2::integer[], $3::integer, $4::text[], $5::text::bigint[], $7::integer)
+WHERE (SELECT count(*) FROM picked) < $1::integer;
 
 -- name: settle_owned
 -- Everything a relay that holds partitions learned about rows it read, in one

@@ -67,7 +67,7 @@ SET status = 'processing', locked_by = ?, lock_token = ?,
 WHERE seq IN (SELECT seq FROM claimable)
 RETURNING seq, id, target, external, topic, "key", "partition", type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
-    created_at, attempts;
+    attempts;
 
 -- name: read
 -- The owned read of a relay that holds its partitions: due rows, oldest first, that
@@ -81,7 +81,7 @@ WITH busy(target, "key") AS MATERIALIZED (
 )
 SELECT seq, id, target, external, topic, "key", "partition", type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
-    created_at, attempts
+    attempts
 FROM {table} o
 WHERE status IN ('pending', 'processing', 'failed')
   AND CASE WHEN status = 'processing'
