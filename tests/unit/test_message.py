@@ -123,6 +123,23 @@ def test_uuid7_is_monotonic_and_time_ordered() -> None:
     assert abs(uuid7_time_ms(ids[-1]) - now_ms) < 5_000
 
 
+def test_uuid7_from_threads_is_unique_and_increasing_per_thread() -> None:
+    import threading
+
+    made: list[list[uuid.UUID]] = [[] for _ in range(4)]
+
+    def draw(into: list[uuid.UUID]) -> None:
+        into.extend(uuid7() for _ in range(5_000))
+
+    threads = [threading.Thread(target=draw, args=(ids,)) for ids in made]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({u for ids in made for u in ids}) == 20_000
+    assert all(ids == sorted(ids, key=lambda u: u.int) for ids in made)
+
+
 def test_circular_payload_is_reported_not_crashed() -> None:
     loop: list[object] = []
     loop.append(loop)

@@ -91,10 +91,19 @@ class Message:
     ) -> None:
         if not isinstance(topic, str) or not topic.strip():
             raise EmptyTopicError("a message needs a non-empty topic")
-        _check_text("topic", topic, _MAX_TOPIC)
-        if key is not None:
+        # _check_text, called only when the quick test of short ASCII text fails: three
+        # calls fewer in every business transaction (a call costs ~0.7 us in there).
+        if len(topic) > _MAX_TOPIC or not topic.isascii() or "\x00" in topic:
+            _check_text("topic", topic, _MAX_TOPIC)
+        if key is not None and (
+            builtins.type(key) is not str
+            or len(key) > _MAX_KEY or not key.isascii() or "\x00" in key
+        ):  # fmt: skip
             _check_text("key", key, _MAX_KEY)
-        if type is not None:
+        if type is not None and (
+            builtins.type(type) is not str
+            or len(type) > _MAX_TOPIC or not type.isascii() or "\x00" in type
+        ):  # fmt: skip
             _check_text("type", type, _MAX_TOPIC)
         if content_type is not None:
             _check_text("content_type", content_type, _MAX_TOPIC)
