@@ -64,7 +64,6 @@ class _Row:
     tenant_id: str | None
     aggregate_id: str | None
     occurred_at: datetime.datetime
-    created_at: datetime.datetime
     available_at: float
     status: Status = Status.PENDING
     attempts: int = 0
@@ -144,8 +143,7 @@ class MemoryStorage:
         return _Row(
             next(self._seqs), id_, target, bool(external), topic, key, int(partition), type_,
             content_type, bytes(payload), headers, correlation_id, causation_id, tenant_id,
-            aggregate_id, as_utc(occurred_at), datetime.datetime.fromtimestamp(now, datetime.UTC),
-            now + float(delay or 0.0),
+            aggregate_id, as_utc(occurred_at), now + float(delay or 0.0),
         )  # fmt: skip
 
     async def write(self, rows: Sequence[InsertRow]) -> None:

@@ -128,8 +128,7 @@ FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::integer, $5::text[
 -- of the keyed ones (JSON), $7 the window (2 x limit + rows in flight). Long lists
 -- travel as text: asyncpg checks every element of an array parameter against
 -- collections.abc, about 1 ms a batch for the relay's lists of 500, where one string
--- costs nothing. created_at is not read: the relay does not use it, and decoding a
--- timestamp costs asyncpg about as much as all the text columns of a row together.
+-- costs nothing. created_at is left out, as in claim.
 -- The window's rows come first, in seq order; {prefix}_read_past, called only when
 -- they are fewer than $1, adds rows past the window, all of higher seqs.
 WITH picked AS (

@@ -1,7 +1,7 @@
 -- The owned read as one statement (queries.sql, `read`) instead of a call of {prefix}_read:
 -- rows then stream to the relay as the scan finds them, where a PL/pgSQL function
 -- stores its whole result first and sends it after. A batch of 500 came back in
--- 4.2 instead of 7.4 ms (docs/benchmarks.md, "Relay drain").
+-- 4.6-5.2 instead of 7.4 ms (docs/benchmarks.md, "Relay drain").
 --
 -- The statement reads the window itself; this function is the rest of 0005's read, run
 -- only when the window gave fewer than p_limit rows: if the window was full (the
@@ -20,7 +20,6 @@ RETURNS TABLE (
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_room integer := p_room;
     v_seqs bigint[];
     v_seen integer;
     v_last bigint;
@@ -36,7 +35,7 @@ BEGIN
           AND (p_targets IS NULL OR o.target = ANY(p_targets))
         ORDER BY o.seq
         LIMIT p_window) AS w;
-    IF v_seen < p_window OR v_room < 1 THEN
+    IF v_seen < p_window OR p_room < 1 THEN
         RETURN;  -- the window held every live row: nothing lies past it
     END IF;
     -- Past the window: heads that are due, neither in flight nor in processing, and
@@ -75,11 +74,11 @@ BEGIN
            AND o.status <> 'processing' AND o.available_at <= now()
            AND o.seq NOT IN (SELECT unnest(p_busy))
          ORDER BY o.seq
-         LIMIT v_room)
+         LIMIT p_room)
         ORDER BY 1
-        LIMIT v_room
+        LIMIT p_room
     ) AS c;
-    v_per_key := (v_room + cardinality(v_heads) - 1) / greatest(cardinality(v_heads), 1);
+    v_per_key := (p_room + cardinality(v_heads) - 1) / greatest(cardinality(v_heads), 1);
     v_seqs := ARRAY(
         SELECT x.seq FROM (
             SELECT hd.seq FROM unnest(v_heads, v_head_keys) AS hd(seq, key)
@@ -102,7 +101,7 @@ BEGIN
             WHERE hd.key IS NOT NULL AND r.ok
         ) AS x
         ORDER BY x.seq
-        LIMIT v_room);
+        LIMIT p_room);
     RETURN QUERY
     SELECT o.seq, o.id, o.target, o.external, o.topic, o.key, o.partition % p_count,
         o.type, o.content_type, o.payload, o.headers::text, o.correlation_id,
