@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -310,3 +311,61 @@ def test_postgresql_a_single_message_reaches_every_default_target(
     finally:
         world.teardown()
     assert stored == expected
+
+
+def test_a_psycopg_connection_is_not_kept_alive_by_its_channel(tmp_path: Path) -> None:
+    import gc
+    import weakref
+
+    world = World("postgresql", tmp_path / "unused.db")
+    world.setup_sync()
+    try:
+        conn = psycopg.connect(PG_URL)
+        world.outbox.add(conn, messages(1))  # its channel now keeps a cursor
+        conn.commit()
+        alive = weakref.ref(conn)
+        del conn
+        gc.collect()
+        assert alive() is None
+        with psycopg.connect(PG_URL) as conn:  # a new connection, maybe at the same id
+            world.outbox.add(conn, messages(2))
+        assert world.count(world.table) == 3
+    finally:
+        world.teardown()
+
+
+def test_threads_sharing_a_psycopg_connection_each_read_their_own_row_count() -> None:
+    """Threads may share a psycopg connection, but not a cursor, and the channel keeps
+    one cursor per connection: each statement's row count (the inbox's answer to "first
+    copy?") must still reach the thread that ran it. Threads switch between any two
+    steps here, as under load; without the channel's lock about 1 in 1,500 counts
+    came back from another thread's statement."""
+    import threading
+
+    from relaybox.writer.connections import sync_channel
+
+    wrong: list[tuple[int, int]] = []
+    start = threading.Barrier(6)
+
+    def count_rows(conn: psycopg.Connection[Any], rows: int) -> None:
+        channel = sync_channel(conn)
+        start.wait()
+        for _ in range(2000):
+            counted = channel.execute("SELECT generate_series(1, %s)", (rows,))
+            if counted != rows:
+                wrong.append((rows, counted))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            threads = [
+                threading.Thread(target=count_rows, args=(conn, rows)) for rows in range(1, 7)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert wrong == []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import sqlite3
 import weakref
-from types import SimpleNamespace
 from typing import Any
 
 from relaybox.writer import connections
@@ -13,7 +12,16 @@ from relaybox.writer.connections import sync_channel
 
 
 class _Cursor:
-    pass
+    """Shaped like psycopg's: made on a connection, run, counted."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.rowcount = -1
+
+    def execute(self, query: bytes, params: Any) -> _Cursor:
+        self.connection.ran.append((query, params))
+        self.rowcount = 1
+        return self
 
 
 class RawCursorMixin:  # psycopg's marker of cursors that take $n
@@ -31,11 +39,7 @@ class Connection:
 
     def __init__(self) -> None:
         self.cursor_factory: type = _Cursor
-        self.ran: list[tuple[str, Any]] = []
-
-    def execute(self, query: str, params: Any) -> SimpleNamespace:
-        self.ran.append((query, params))
-        return SimpleNamespace(rowcount=1)
+        self.ran: list[tuple[bytes, Any]] = []
 
 
 def test_a_connection_is_recognised_once_and_its_channel_kept() -> None:

@@ -11,12 +11,18 @@ yields is kept per connection object (held weakly: the cache never keeps a conne
 alive). A SQLAlchemy session is the exception: it hands out a new Connection per
 transaction (an AsyncSession a new, short-lived proxy per call), so a session is
 resolved on every call and its channel is not kept.
+
+A psycopg connection's channel also keeps one cursor, made on a weak proxy of the
+connection: `Connection.execute` makes a new cursor per call (its adapters map and
+transformer, whose per-type dumper cache then starts empty every time), and that cost
+the writer's transaction 2-3 % of its throughput (docs/benchmarks.md, "Writer overhead").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -101,7 +107,6 @@ def _channel(
     dialect: str,
     style: ParamStyle,
     run: _Run,
-    style_source: object = None,
     *,
     keep: bool = True,
     text_values: bool = False,
@@ -117,8 +122,11 @@ def _channel(
     # from the cache would keep every connection alive. (A proxy, not the reference:
     # partial(run, proxy) adds no Python frame to each execute.)
     execute = functools.partial(run, weakref.proxy(connection))
-    channel = Channel(dialect, style, execute, text_values)
-    _channels[key] = (ref, channel, style_source)
+    return _kept(key, ref, Channel(dialect, style, execute, text_values))
+
+
+def _kept(key: int, ref: weakref.ref[Any], channel: Channel, source: object = None) -> Channel:
+    _channels[key] = (ref, channel, source)
     return channel
 
 
@@ -153,9 +161,11 @@ def _run_dbapi(connection: Any, query: str, params: Sequence[Any]) -> int:
         cursor.close()
 
 
-def _run_psycopg(connection: Any, query: str, params: Sequence[Any]) -> int:
-    # Connection.execute: the cursor it makes holds no server resource to close.
-    count: int = connection.execute(_encoded.get(query) or _as_bytes(query), params).rowcount
+def _run_psycopg(cursor: Any, lock: Any, query: str, params: Sequence[Any]) -> int:
+    # psycopg's cursors are not thread-safe, and threads may share a connection: the
+    # lock keeps one statement and its row count together.
+    with lock:
+        count: int = cursor.execute(_encoded.get(query) or _as_bytes(query), params).rowcount
     return count
 
 
@@ -184,8 +194,27 @@ def _run_django(connection: Any, query: str, params: Sequence[Any]) -> int:
 
 def _psycopg_sync(connection: Any) -> Channel:
     factory = connection.cursor_factory
-    style = _psycopg_style(factory)
-    return _channel(connection, "postgresql", style, _run_psycopg, factory, text_values=True)
+    cursor = _kept_cursor(connection, factory)
+    execute = functools.partial(_run_psycopg, cursor, threading.Lock())
+    return _psycopg_channel(connection, execute, factory)
+
+
+def _kept_cursor(connection: Any, factory: Any) -> Any:
+    """A cursor of `factory` that reaches `connection` through a weak proxy, so the
+    channel that keeps it never keeps the connection alive. A client-side cursor holds
+    no server resource, so it needs no closing. (It adapts with the connection's
+    adapters as they were when it was made, which for the str, bytes, int and datetime
+    values the writer sends are psycopg's own.)"""
+    return factory(weakref.proxy(connection))
+
+
+def _psycopg_channel(connection: Any, execute: Any, factory: type) -> Channel:
+    """A psycopg channel, kept for `connection` (which always takes weak references)
+    while its cursor factory, which decides the style, stays the same."""
+    key = id(connection)
+    ref = weakref.ref(connection, lambda dead: _forget(key, dead))
+    channel = Channel("postgresql", _psycopg_style(factory), execute, text_values=True)
+    return _kept(key, ref, channel, factory)
 
 
 def _sqlalchemy_sync(connection: Any, *, keep: bool = True) -> Channel:
@@ -249,9 +278,11 @@ async def _run_cursor_async(connection: Any, query: str, params: Sequence[Any]) 
         return int(cursor.rowcount)
 
 
-async def _run_psycopg_async(connection: Any, query: str, params: Sequence[Any]) -> int:
+async def _run_psycopg_async(cursor: Any, query: str, params: Sequence[Any]) -> int:
+    # The row count is read before this task yields again, so another task's statement
+    # on the same cursor (the connection's lock queues it) cannot come in between.
     query_bytes = _encoded.get(query) or _as_bytes(query)
-    count: int = (await connection.execute(query_bytes, params)).rowcount
+    count: int = (await cursor.execute(query_bytes, params)).rowcount
     return count
 
 
@@ -274,9 +305,8 @@ async def _run_sqlalchemy_async(connection: Any, query: str, params: Sequence[An
 
 def _psycopg_async(connection: Any) -> Channel:
     factory = connection.cursor_factory
-    style = _psycopg_style(factory)
-    run = _run_psycopg_async
-    return _channel(connection, "postgresql", style, run, factory, text_values=True)
+    execute = functools.partial(_run_psycopg_async, _kept_cursor(connection, factory))
+    return _psycopg_channel(connection, execute, factory)
 
 
 def _sqlalchemy_async(connection: Any, *, keep: bool = True) -> Channel:
