@@ -24,7 +24,7 @@ own, waits for it as a row-lease claim would): the relays start, heartbeat, shar
 partitions and each sends its first claim, which waits. The drain clock starts when
 every worker holds its fair share of partitions (`<table>_partitions`) and N claims
 wait on the gate (`pg_locks`), just before the gate is released; it stops at the
-first poll (every `--poll` s; one index probe of `live_ix`, `ORDER BY seq LIMIT 1`,
+first poll (every `--poll` s; one probe of the primary key, `ORDER BY seq LIMIT 1`,
 never a count over the table) that finds no live row. With retention 0 a row leaves
 the table when its publish is settled, so "empty" means every message was published
 and settled. The processes' start-up is

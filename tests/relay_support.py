@@ -135,6 +135,11 @@ class Row:
 
 
 _ROWS_SQL = "SELECT seq, {key}, status, attempts, last_error FROM {table} ORDER BY seq"
+#: PostgreSQL keeps finished rows in a table of their own (migration 0007).
+_PG_ROWS_SQL = (
+    "SELECT seq, key, status, attempts, last_error FROM {table}"
+    " UNION ALL SELECT seq, key, status, attempts, last_error FROM {table}_done ORDER BY seq"
+)
 
 
 def rows(db: OutboxDB) -> list[Row]:
@@ -143,5 +148,6 @@ def rows(db: OutboxDB) -> list[Row]:
         stored = db.storage._rows.values()  # type: ignore[attr-defined]
         return [Row(r.seq, r.key, r.status, r.attempts, r.last_error) for r in stored]
     key = "`key`" if db.name == "mysql" else "key"
-    found = fetch_all(db.url, _ROWS_SQL.format(key=key, table=db.table))
+    query = _PG_ROWS_SQL if db.url.startswith("postgresql") else _ROWS_SQL
+    found = fetch_all(db.url, query.format(key=key, table=db.table))
     return [Row(seq, key, Status(status), tries, error) for seq, key, status, tries, error in found]

@@ -426,7 +426,8 @@ class ChaosWorld:
 
     async def abandoned(self) -> list[tuple[str, str]]:
         found = await self._query(
-            f"SELECT id::text, last_error FROM {self.table} WHERE status = 'abandoned'"
+            # Abandoned rows live in the table of finished rows (migration 0007).
+            f"SELECT id::text, last_error FROM {self.table}_done WHERE status = 'abandoned'"
         )
         return [(str(i), str(error)) for i, error in found]
 

@@ -70,7 +70,7 @@ def _apply_schema(dialect: str, url: str, table: str, db: Path, kind: sql.Kind) 
 
 #: The tables the migrations create beside the outbox table, by suffix.
 _SIDE_TABLES = {
-    "postgresql": ("_members", "_partitions"),
+    "postgresql": ("_members", "_partitions", "_done"),
     "mysql": ("_key_locks", "_members", "_partitions"),
     "sqlite": ("_members", "_partitions"),
 }
@@ -79,8 +79,9 @@ _SIDE_TABLES = {
 def _catalog(dialect: str, table: str, db: Path, kind: sql.Kind) -> list[tuple[object, ...]]:
     """The catalog of the outbox (or inbox) table and every table beside it, rows tagged."""
     side = _SIDE_TABLES[dialect] if kind == "outbox" else ("_watermarks",)
+    # A side table's catalog may name the outbox table too (its enum type, say).
     return [
-        (suffix, *row)
+        (suffix, *(str(v).replace(table, "T") for v in row))
         for suffix in ("", *side)
         for row in _table_catalog(dialect, table + suffix, db)
     ]

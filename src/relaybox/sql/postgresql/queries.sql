@@ -174,7 +174,8 @@ WHERE (SELECT count(*) FROM picked) < $1::integer;
 -- seconds), abandoned ($6 seqs, $7 errors), published ($8 seqs, as array text; $9 true:
 -- delete them, false: keep them as published). Only rows still live in a partition the
 -- worker holds are touched (the fence: a relay that lost a partition changes nothing
--- there). Counts come back in that order.
+-- there). Abandoned rows, and published ones that are kept, move to {table}_done
+-- (migration 0007). Counts come back in that order.
 WITH owned AS MATERIALIZED (
     SELECT p.partition FROM {table}_partitions p WHERE p.owner = $1::text
 ), failed AS (
@@ -186,31 +187,40 @@ WITH owned AS MATERIALIZED (
     WHERE o.seq = f.seq AND o.published_at IS NULL AND o.abandoned_at IS NULL
       AND o.partition % $2::integer IN (SELECT partition FROM owned)
     RETURNING 1
-), abandoned AS (
-    UPDATE {table} o
-    SET status = 'abandoned', attempts = o.attempts + 1, last_error = f.error,
-        abandoned_at = now(), locked_by = NULL, locked_until = NULL, lock_token = NULL
-    FROM unnest($6::bigint[], $7::text[]) AS f(seq, error)
-    WHERE o.seq = f.seq AND o.published_at IS NULL AND o.abandoned_at IS NULL
-      AND o.partition % $2::integer IN (SELECT partition FROM owned)
-    RETURNING 1
 ), deleted AS (
     DELETE FROM {table} o
     WHERE $9::boolean AND o.seq = ANY($8::text::bigint[])
       AND o.published_at IS NULL AND o.abandoned_at IS NULL
       AND o.partition % $2::integer IN (SELECT partition FROM owned)
     RETURNING 1
-), kept AS (
-    UPDATE {table} o
-    SET status = 'published', published_at = now(),
-        locked_by = NULL, locked_until = NULL, lock_token = NULL
-    WHERE NOT $9::boolean AND o.seq = ANY($8::text::bigint[])
-      AND o.published_at IS NULL AND o.abandoned_at IS NULL
+), finished AS (
+    DELETE FROM {table} o
+    USING (SELECT a.seq, a.error, true AS abandoned
+           FROM unnest($6::bigint[], $7::text[]) AS a(seq, error)
+           UNION ALL
+           SELECT k.seq, NULL, false FROM unnest($8::text::bigint[]) AS k(seq)
+           WHERE NOT $9::boolean) AS f
+    WHERE o.seq = f.seq AND o.published_at IS NULL AND o.abandoned_at IS NULL
       AND o.partition % $2::integer IN (SELECT partition FROM owned)
-    RETURNING 1
+    RETURNING o.*, f.error, f.abandoned
+), moved AS (
+    INSERT INTO {table}_done (seq, status, attempts, available_at, published_at,
+        abandoned_at, last_error, id, target, external, topic, key, partition, type,
+        content_type, payload, headers, correlation_id, causation_id, tenant_id,
+        aggregate_id, occurred_at, created_at)
+    SELECT m.seq,
+        (CASE WHEN m.abandoned THEN 'abandoned' ELSE 'published' END)::{table}_status,
+        m.attempts + m.abandoned::integer, m.available_at,
+        CASE WHEN NOT m.abandoned THEN now() END, CASE WHEN m.abandoned THEN now() END,
+        CASE WHEN m.abandoned THEN m.error ELSE m.last_error END,
+        m.id, m.target, m.external, m.topic, m.key, m.partition, m.type, m.content_type,
+        m.payload, m.headers, m.correlation_id, m.causation_id, m.tenant_id,
+        m.aggregate_id, m.occurred_at, m.created_at
+    FROM finished m
+    RETURNING abandoned_at IS NOT NULL AS abandoned
 )
-SELECT (SELECT count(*) FROM failed), (SELECT count(*) FROM abandoned),
-    (SELECT count(*) FROM deleted) + (SELECT count(*) FROM kept);
+SELECT (SELECT count(*) FROM failed), (SELECT count(*) FROM moved WHERE abandoned),
+    (SELECT count(*) FROM deleted) + (SELECT count(*) FROM moved WHERE NOT abandoned);
 
 -- name: delete_owned
 -- settle_owned's commonest case, every row of a batch published and deleted, as the
@@ -222,10 +232,20 @@ WHERE o.seq = ANY($3::text::bigint[]) AND o.published_at IS NULL AND o.abandoned
       SELECT p.partition FROM {table}_partitions p WHERE p.owner = $1::text);
 
 -- name: mark_published
-UPDATE {table}
-SET status = 'published', published_at = now(),
-    locked_by = NULL, locked_until = NULL, lock_token = NULL
-WHERE seq = ANY($1::bigint[]) AND lock_token = $2 AND status = 'processing';
+-- Published rows that are kept, moved to {table}_done (migration 0007).
+WITH finished AS (
+    DELETE FROM {table}
+    WHERE seq = ANY($1::bigint[]) AND lock_token = $2 AND status = 'processing'
+    RETURNING *
+)
+INSERT INTO {table}_done (seq, status, attempts, available_at, published_at, last_error,
+    id, target, external, topic, key, partition, type, content_type, payload, headers,
+    correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, created_at)
+SELECT m.seq, 'published', m.attempts, m.available_at, now(), m.last_error,
+    m.id, m.target, m.external, m.topic, m.key, m.partition, m.type, m.content_type,
+    m.payload, m.headers, m.correlation_id, m.causation_id, m.tenant_id, m.aggregate_id,
+    m.occurred_at, m.created_at
+FROM finished m;
 
 -- name: delete_published
 DELETE FROM {table}
@@ -240,11 +260,21 @@ FROM unnest($1::bigint[], $2::text[], $3::float8[]) AS f(seq, error, retry_in)
 WHERE o.seq = f.seq AND o.lock_token = $4 AND o.status = 'processing';
 
 -- name: abandon
-UPDATE {table} o
-SET status = 'abandoned', attempts = o.attempts + 1, last_error = f.error,
-    abandoned_at = now(), locked_by = NULL, locked_until = NULL, lock_token = NULL
-FROM unnest($1::bigint[], $2::text[]) AS f(seq, error)
-WHERE o.seq = f.seq AND o.lock_token = $3 AND o.status = 'processing';
+-- Moved to {table}_done (migration 0007), with the error and one more attempt.
+WITH finished AS (
+    DELETE FROM {table} o
+    USING unnest($1::bigint[], $2::text[]) AS f(seq, error)
+    WHERE o.seq = f.seq AND o.lock_token = $3 AND o.status = 'processing'
+    RETURNING o.*, f.error
+)
+INSERT INTO {table}_done (seq, status, attempts, available_at, abandoned_at, last_error,
+    id, target, external, topic, key, partition, type, content_type, payload, headers,
+    correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, created_at)
+SELECT m.seq, 'abandoned', m.attempts + 1, m.available_at, now(), m.error,
+    m.id, m.target, m.external, m.topic, m.key, m.partition, m.type, m.content_type,
+    m.payload, m.headers, m.correlation_id, m.causation_id, m.tenant_id, m.aggregate_id,
+    m.occurred_at, m.created_at
+FROM finished m;
 
 -- name: release
 UPDATE {table}
@@ -263,24 +293,36 @@ WHERE published_at IS NULL AND abandoned_at IS NULL
   AND status = 'processing' AND locked_until < now();
 
 -- name: purge_published
-DELETE FROM {table} WHERE seq IN (
-    SELECT seq FROM {table}
+DELETE FROM {table}_done WHERE seq IN (
+    SELECT seq FROM {table}_done
     WHERE published_at < now() - $1::float8 * interval '1 second'
     ORDER BY published_at LIMIT $2);
 
 -- name: purge_abandoned
-DELETE FROM {table} WHERE seq IN (
-    SELECT seq FROM {table}
+DELETE FROM {table}_done WHERE seq IN (
+    SELECT seq FROM {table}_done
     WHERE abandoned_at < now() - $1::float8 * interval '1 second'
     ORDER BY abandoned_at LIMIT $2);
 
 -- name: replay
-UPDATE {table}
-SET status = 'pending', attempts = 0, available_at = now(), abandoned_at = NULL
-WHERE status = 'abandoned' AND seq = ANY($1::bigint[]);
+-- Abandoned rows back to {table} as pending, under their own seq, with no attempts.
+WITH back AS (
+    DELETE FROM {table}_done WHERE status = 'abandoned' AND seq = ANY($1::bigint[])
+    RETURNING *
+)
+INSERT INTO {table} (seq, last_error, id, target, external, topic, key, partition, type,
+    content_type, payload, headers, correlation_id, causation_id, tenant_id, aggregate_id,
+    occurred_at, created_at)
+OVERRIDING SYSTEM VALUE
+SELECT b.seq, b.last_error, b.id, b.target, b.external, b.topic, b.key, b.partition, b.type,
+    b.content_type, b.payload, b.headers, b.correlation_id, b.causation_id, b.tenant_id,
+    b.aggregate_id, b.occurred_at, b.created_at
+FROM back b;
 
 -- name: count_by_status
-SELECT status, count(*) FROM {table} GROUP BY status;
+SELECT status, count(*) FROM (
+    SELECT status FROM {table} UNION ALL SELECT status FROM {table}_done) AS rows
+GROUP BY status;
 
 -- name: oldest_pending_age
 SELECT extract(epoch FROM now() - min(available_at))::float8 FROM {table}

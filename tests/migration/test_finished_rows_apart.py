@@ -1,0 +1,119 @@
+"""PostgreSQL's migration 0007: finished rows move to {table}_done, on upgrade and when a
+relay of an earlier version finishes a row in place; stats, replay and purge see them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from relaybox import Message, Outbox, sql
+from relaybox.core.records import Status
+from relaybox.migrations import migrate
+from relaybox.storage import open_storage
+from tests.databases import PG_URL, drop, unique_table
+
+#: How relays before 0007 finished rows: in place (0006's queries.sql).
+_PUBLISHED_IN_PLACE = (
+    "UPDATE {table} SET status = 'published', published_at = now()"
+    " WHERE seq = ANY(%s) AND published_at IS NULL AND abandoned_at IS NULL"
+)
+_ABANDONED_IN_PLACE = (
+    "UPDATE {table} SET status = 'abandoned', attempts = attempts + 1, last_error = %s,"
+    " abandoned_at = now() WHERE seq = ANY(%s) AND published_at IS NULL AND abandoned_at IS NULL"
+)
+
+
+@pytest.fixture
+def table() -> Iterator[str]:
+    name = unique_table("fin")
+    yield name
+    drop(PG_URL, name)
+
+
+def _write(table: str, keys: list[str]) -> list[int]:
+    with psycopg.connect(PG_URL) as conn:
+        Outbox(table=table).add(conn, [Message(topic="t", key=k, payload={"k": k}) for k in keys])
+    return [seq for (seq,) in _fetch(f"SELECT seq FROM {table} ORDER BY seq")]
+
+
+def _fetch(query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        return conn.execute(query, params).fetchall()
+
+
+def _finish_two_in_place(table: str) -> tuple[int, int, int, int]:
+    """Three rows, two finished as an earlier relay did: (live, published, abandoned,
+    the row count the earlier relay's publish statement saw)."""
+    live, published, abandoned = _write(table, ["a", "b", "c"])
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        counted = conn.execute(_PUBLISHED_IN_PLACE.format(table=table), ([published],)).rowcount
+        conn.execute(_ABANDONED_IN_PLACE.format(table=table), ("rejected", [abandoned]))
+    return live, published, abandoned, counted
+
+
+def _statuses(table: str, side: str = "") -> dict[int, str]:
+    return dict(_fetch(f"SELECT seq, status::text FROM {table}{side}"))  # type: ignore[arg-type]
+
+
+async def test_upgrading_moves_the_rows_finished_so_far(
+    table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    every = sql.migrations
+    with monkeypatch.context() as patched:  # the schema as relays before 0007 knew it
+        patched.setattr(sql, "migrations", lambda *args: [s for s in every(*args) if s[0] < 7])
+        await migrate(PG_URL, table=table)
+    live, published, abandoned, _ = _finish_two_in_place(table)
+
+    report = await migrate(PG_URL, table=table)
+
+    assert report.applied == (7,)
+    assert _statuses(table) == {live: "pending"}
+    assert _statuses(table, "_done") == {published: "published", abandoned: "abandoned"}
+    (error, attempts), = _fetch(f"SELECT last_error, attempts FROM {table}_done WHERE seq = %s",
+                                (abandoned,))  # fmt: skip
+    assert (error, attempts) == ("rejected", 1)
+
+
+async def test_a_row_finished_in_place_by_an_earlier_relay_moves_apart(table: str) -> None:
+    await migrate(PG_URL, table=table)
+    live, published, abandoned, counted = _finish_two_in_place(table)
+    assert counted == 1  # the earlier relay sees its statement succeed
+    assert _statuses(table) == {live: "pending"}
+    assert _statuses(table, "_done") == {published: "published", abandoned: "abandoned"}
+
+
+async def test_stats_replay_and_purge_reach_the_finished_rows(table: str) -> None:
+    await migrate(PG_URL, table=table)
+    live, published, abandoned, _ = _finish_two_in_place(table)
+    storage = await open_storage(PG_URL, table=table)
+    try:
+        stats = await storage.stats()
+        assert stats.counts == {Status.PENDING: 1, Status.PUBLISHED: 1, Status.ABANDONED: 1}
+        assert await storage.replay([abandoned, published, live]) == 1  # only the abandoned
+        assert _statuses(table) == {live: "pending", abandoned: "pending"}
+        assert await storage.purge(published_older_than=0, abandoned_older_than=0) == 1
+        assert _statuses(table, "_done") == {}
+        ((attempts,),) = _fetch(f"SELECT attempts FROM {table} WHERE seq = %s", (abandoned,))
+        assert attempts == 0  # replayed with a fresh count of attempts
+    finally:
+        await storage.close()
+
+
+def test_the_outbox_table_keeps_no_index_about_finishing(table: str) -> None:
+    """The layout the writer's throughput rests on (docs/benchmarks.md): the outbox table
+    has the primary key and three partial indexes, none about finishing."""
+    asyncio.run(migrate(PG_URL, table=table))
+    found = _fetch("SELECT indexdef FROM pg_indexes WHERE tablename = %s", (table,))
+    definitions = sorted(d.replace(table, "T") for (d,) in found)
+    assert len(definitions) == 4
+    assert not any("published_at" in d or "abandoned_at" in d for d in definitions)
+    collations = dict(_fetch(
+        "SELECT a.attname, c.collname FROM pg_attribute a"
+        " JOIN pg_collation c ON c.oid = a.attcollation"
+        " WHERE a.attrelid = %s::regclass AND a.attname IN ('target', 'key')", (table,)
+    ))  # fmt: skip
+    assert collations == {"target": "C", "key": "C"}
