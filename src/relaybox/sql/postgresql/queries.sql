@@ -122,7 +122,7 @@ FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::integer, $5::text[
     $6::uuid, $7::float8, $8::integer);
 
 -- name: read
--- The owned read (migrations 0005 and 0006 explain it), as one statement so that rows
+-- The owned read (migrations 0005 to 0007 explain it), as one statement so that rows
 -- stream to the relay as they are found: $1 limit, $2 partitions or NULL, $3 partition
 -- count, $4 targets or NULL, $5 the seqs in flight (array text), $6 the [target, key]
 -- of the keyed ones (JSON), $7 the window (2 x limit + rows in flight). Long lists
@@ -139,8 +139,7 @@ WITH picked AS (
         w.status = 'processing' AND w.locked_until >= now() AS blocked
     FROM (
         SELECT o.* FROM {table} o
-        WHERE o.published_at IS NULL AND o.abandoned_at IS NULL
-          AND ($2::integer[] IS NULL OR o.partition % $3::integer = ANY($2::integer[]))
+        WHERE ($2::integer[] IS NULL OR o.partition % $3::integer = ANY($2::integer[]))
           AND ($4::text[] IS NULL OR o.target = ANY($4::text[]))
         ORDER BY o.seq
         LIMIT $7::integer) AS w
@@ -154,7 +153,7 @@ WITH picked AS (
       AND coalesce(((
           SELECT jsonb_object_agg(x.target || chr(31) || x.key, x.first) FROM (
               SELECT b.target, b.key, min(b.seq) AS first FROM {table} b
-              WHERE b.key IS NOT NULL AND b.published_at IS NULL AND b.abandoned_at IS NULL
+              WHERE b.key IS NOT NULL
                 AND b.available_at > b.created_at AND b.available_at > now()
                 AND ($4::text[] IS NULL OR b.target = ANY($4::text[]))
               GROUP BY b.target, b.key) AS x
@@ -184,13 +183,12 @@ WITH owned AS MATERIALIZED (
         available_at = now() + f.retry_in * interval '1 second',
         locked_by = NULL, locked_until = NULL, lock_token = NULL
     FROM unnest($3::bigint[], $4::text[], $5::float8[]) AS f(seq, error, retry_in)
-    WHERE o.seq = f.seq AND o.published_at IS NULL AND o.abandoned_at IS NULL
+    WHERE o.seq = f.seq
       AND o.partition % $2::integer IN (SELECT partition FROM owned)
     RETURNING 1
 ), deleted AS (
     DELETE FROM {table} o
     WHERE $9::boolean AND o.seq = ANY($8::text::bigint[])
-      AND o.published_at IS NULL AND o.abandoned_at IS NULL
       AND o.partition % $2::integer IN (SELECT partition FROM owned)
     RETURNING 1
 ), finished AS (
@@ -200,7 +198,7 @@ WITH owned AS MATERIALIZED (
            UNION ALL
            SELECT k.seq, NULL, false FROM unnest($8::text::bigint[]) AS k(seq)
            WHERE NOT $9::boolean) AS f
-    WHERE o.seq = f.seq AND o.published_at IS NULL AND o.abandoned_at IS NULL
+    WHERE o.seq = f.seq
       AND o.partition % $2::integer IN (SELECT partition FROM owned)
     RETURNING o.*, f.error, f.abandoned
 ), moved AS (
@@ -227,7 +225,7 @@ SELECT (SELECT count(*) FROM failed), (SELECT count(*) FROM moved WHERE abandone
 -- one statement it needs (settle_owned's five CTEs cost 0.7 ms more per batch):
 -- $1 worker, $2 partition count, $3 seqs (array text).
 DELETE FROM {table} o
-WHERE o.seq = ANY($3::text::bigint[]) AND o.published_at IS NULL AND o.abandoned_at IS NULL
+WHERE o.seq = ANY($3::text::bigint[])
   AND o.partition % $2::integer IN (
       SELECT p.partition FROM {table}_partitions p WHERE p.owner = $1::text);
 
@@ -289,8 +287,7 @@ WHERE seq = ANY($1::bigint[]) AND lock_token = $2 AND status = 'processing';
 -- name: recover_expired
 UPDATE {table}
 SET status = 'pending', locked_by = NULL, locked_until = NULL, lock_token = NULL
-WHERE published_at IS NULL AND abandoned_at IS NULL
-  AND status = 'processing' AND locked_until < now();
+WHERE status = 'processing' AND locked_until < now();
 
 -- name: purge_published
 DELETE FROM {table}_done WHERE seq IN (
@@ -326,13 +323,11 @@ GROUP BY status;
 
 -- name: oldest_pending_age
 SELECT extract(epoch FROM now() - min(available_at))::float8 FROM {table}
-WHERE published_at IS NULL AND abandoned_at IS NULL
-  AND status IN ('pending', 'failed') AND available_at <= now();
+WHERE status IN ('pending', 'failed') AND available_at <= now();
 
 -- name: active_leases
 SELECT count(*) FROM {table}
-WHERE published_at IS NULL AND abandoned_at IS NULL
-  AND status = 'processing' AND locked_until >= now();
+WHERE status = 'processing' AND locked_until >= now();
 
 -- Partition leases (seed 002). A heartbeat runs members_expire through partitions_take
 -- in one transaction, in this order. Dead members go before the worker joins, so two
