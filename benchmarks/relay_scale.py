@@ -98,10 +98,7 @@ JOIN (SELECT row_number() OVER (ORDER BY seq) AS rn, * FROM
   ON t.rn = ($2::bigint + u.n - 1) % $3 + 1
 ORDER BY u.n
 """
-LIVE_HEAD = (
-    "SELECT seq FROM {table} WHERE published_at IS NULL AND abandoned_at IS NULL "
-    "ORDER BY seq LIMIT 1"
-)
+LIVE_HEAD = "SELECT seq FROM {table} ORDER BY seq LIMIT 1"  # live rows only (0007)
 HOLDERS = (
     "SELECT owner, count(*) FROM {table}_partitions "
     "WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner"

@@ -69,15 +69,15 @@ PG_IDLE_FLUSH_SECONDS = 10.5
 PACED_WRITERS = 4
 #: Give up when the relay confirms nothing new for this long.
 STALL_SECONDS = 60.0
-SIDE_TABLES = ("migrations", "key_locks", "partitions", "members")
+SIDE_TABLES = ("migrations", "key_locks", "partitions", "members", "done")
 RAW_COLUMNS = (
     "seq, id, target, external, topic, key, partition, type, content_type, payload, "
     "headers::text, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, "
     "attempts"
 )
+#: PostgreSQL's outbox table holds live rows only (migration 0007).
 RAW_CLAIM = (
-    "DELETE FROM {table} WHERE seq IN (SELECT seq FROM {table} "
-    "WHERE published_at IS NULL AND abandoned_at IS NULL ORDER BY seq LIMIT $1 "
+    "DELETE FROM {table} WHERE seq IN (SELECT seq FROM {table} ORDER BY seq LIMIT $1 "
     "FOR UPDATE SKIP LOCKED) RETURNING " + RAW_COLUMNS
 )
 IDLE_NOTE = (

@@ -369,3 +369,44 @@ def test_threads_sharing_a_psycopg_connection_each_read_their_own_row_count() ->
     finally:
         sys.setswitchinterval(interval)
     assert wrong == []
+
+
+def test_a_changed_client_encoding_reaches_the_writer(tmp_path: Path) -> None:
+    """The channel's kept cursor encodes text in the client encoding it was made under:
+    after a `SET client_encoding` the writer must encode in the new one."""
+    world = World("postgresql", tmp_path / "unused.db")
+    world.setup_sync()
+    try:
+        with psycopg.connect(PG_URL) as conn:
+            world.outbox.add(conn, Message(topic="t", key="before", payload={}))
+            conn.execute("SET client_encoding TO 'LATIN1'")
+            world.outbox.add(conn, Message(topic="t", key="clé", payload={}))
+        assert [key for _, key, *_ in world.rows()] == ["before", "clé"]
+    finally:
+        world.teardown()
+
+
+def test_the_inbox_refuses_a_psycopg_pipeline_and_the_writer_works_in_one(tmp_path: Path) -> None:
+    """In pipeline mode a statement's row count comes only at the pipeline's end: the
+    inbox cannot answer "first copy?" there and says so; the writer needs no count."""
+    from relaybox import Inbox, InboxError
+    from tests.inbox.support import incoming
+
+    world = World("postgresql", tmp_path / "unused.db")
+    world.setup_sync()
+    inbox_table = unique_table("ib")
+    asyncio.run(migrate(PG_URL, table=inbox_table, kind="inbox"))
+    inbox = Inbox(consumer="piped", table=inbox_table)
+    try:
+        with psycopg.connect(PG_URL) as conn:
+            assert inbox.record(conn, incoming("m-1"))  # outside: the usual answer
+            with conn.pipeline():
+                world.outbox.add(conn, messages(2))
+                world.outbox.add(conn, messages(1))
+                with pytest.raises(InboxError, match="pipeline"):
+                    inbox.record(conn, incoming("m-2"))
+            assert inbox.record(conn, incoming("m-2"))  # refused before it wrote anything
+        assert world.count(world.table) == 3
+    finally:
+        world.teardown()
+        drop(PG_URL, inbox_table)

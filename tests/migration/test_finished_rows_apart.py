@@ -34,6 +34,14 @@ def table() -> Iterator[str]:
     drop(PG_URL, name)
 
 
+async def _migrate_before_0007(table: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The schema as relays before 0007 knew it."""
+    every = sql.migrations
+    with monkeypatch.context() as patched:
+        patched.setattr(sql, "migrations", lambda *args: [s for s in every(*args) if s[0] < 7])
+        await migrate(PG_URL, table=table)
+
+
 def _write(table: str, keys: list[str]) -> list[int]:
     with psycopg.connect(PG_URL) as conn:
         Outbox(table=table).add(conn, [Message(topic="t", key=k, payload={"k": k}) for k in keys])
@@ -62,10 +70,7 @@ def _statuses(table: str, side: str = "") -> dict[int, str]:
 async def test_upgrading_moves_the_rows_finished_so_far(
     table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    every = sql.migrations
-    with monkeypatch.context() as patched:  # the schema as relays before 0007 knew it
-        patched.setattr(sql, "migrations", lambda *args: [s for s in every(*args) if s[0] < 7])
-        await migrate(PG_URL, table=table)
+    await _migrate_before_0007(table, monkeypatch)
     live, published, abandoned, _ = _finish_two_in_place(table)
 
     report = await migrate(PG_URL, table=table)
@@ -140,3 +145,44 @@ def test_a_read_walks_the_primary_key_before_the_table_is_ever_analyzed(table: s
         )
     assert f"Index Scan using {table}_pkey on {table} o" in plan, plan
     assert f"Seq Scan on {table} o" not in plan, plan
+
+
+async def test_a_relay_refuses_a_table_from_before_0007(
+    table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This relaybox's reads take every row of the outbox table for a live one: on a
+    table not yet migrated to 0007 they would publish its finished rows again."""
+    from relaybox import SchemaError
+
+    await _migrate_before_0007(table, monkeypatch)
+    with pytest.raises(SchemaError, match="relaybox migrate"):
+        await open_storage(PG_URL, table=table)
+    await migrate(PG_URL, table=table)
+    await (await open_storage(PG_URL, table=table)).close()
+
+
+async def test_upgrading_a_table_in_its_own_schema(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Indexes live in their table's schema, which need not be on the search path: 0007
+    drops the old ones there, and the table keeps only the layout of 0007."""
+    schema = unique_table("sch")
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    table = f"{schema}.outbox"
+    try:
+        await _migrate_before_0007(table, monkeypatch)
+        await migrate(PG_URL, table=table)
+        names = sorted(
+            name
+            for (name,) in _fetch(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = %s",
+                (schema, "outbox"),
+            )
+        )
+        prefix = f"{schema}_outbox"
+        expected = [f"{prefix}_{n}" for n in ("keyed_ix", "unkeyed_ix", "waits_ix")]
+        assert names == sorted([*expected, "outbox_pkey"])
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+            for function in ("claim", "read", "read_past", "finished"):  # made on the path
+                conn.execute(f"DROP FUNCTION IF EXISTS {schema}_outbox_{function}")

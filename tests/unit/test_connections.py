@@ -32,6 +32,16 @@ class _RawCursor(RawCursorMixin, _Cursor):
     pass
 
 
+class _PGconn:
+    pipeline_status = 0  # psycopg.pq.PipelineStatus.OFF
+
+    def __init__(self) -> None:
+        self.encoding = b"UTF8"
+
+    def parameter_status(self, name: bytes) -> bytes | None:
+        return self.encoding if name == b"client_encoding" else None
+
+
 class Connection:
     """Recognised as psycopg's by its module and name, without a server."""
 
@@ -39,6 +49,7 @@ class Connection:
 
     def __init__(self) -> None:
         self.cursor_factory: type = _Cursor
+        self.pgconn = _PGconn()
         self.ran: list[tuple[bytes, Any]] = []
 
 
@@ -57,6 +68,14 @@ def test_a_swapped_cursor_factory_changes_the_style() -> None:
     assert sync_channel(conn).style == "format"
     conn.cursor_factory = _RawCursor
     assert sync_channel(conn).style == "numeric_dollar"
+
+
+def test_a_changed_client_encoding_gets_a_new_channel() -> None:
+    """The kept cursor encodes text in the client encoding it was made under."""
+    conn = Connection()
+    channel = sync_channel(conn)
+    conn.pgconn.encoding = b"LATIN1"
+    assert sync_channel(conn) is not channel
 
 
 def test_the_cache_never_keeps_a_connection_alive() -> None:

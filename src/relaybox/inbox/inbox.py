@@ -36,7 +36,7 @@ from relaybox.core.identifiers import DEFAULT_INBOX, validate_table_name
 from relaybox.core.incoming import MAX_ID_LENGTH, Incoming
 from relaybox.errors import ConfigurationError, InboxError
 from relaybox.sql.params import ParamStyle, in_order, styled
-from relaybox.writer.connections import Channel, async_channel, sync_channel
+from relaybox.writer.connections import Channel, async_channel, in_pipeline, sync_channel
 
 Mode = Literal["id", "watermark"]
 MODES: tuple[Mode, ...] = ("id", "watermark")
@@ -108,18 +108,20 @@ class Inbox:
         has now committed): skip it, and acknowledge it to the broker.
         """
         channel = sync_channel(connection, "Inbox.record")
+        _check_counts(connection)
         count = 0
         for query, params in self._steps(channel, message):
             count = channel.execute(query, params)
-        return count == 1  # the last statement's count: see the dialect's inbox queries
+        return _first_copy(count)
 
     async def record_async(self, connection: Any, message: Incoming | str) -> bool:
         """`record` for an async connection or session."""
         channel = await async_channel(connection, "Inbox.record")
+        _check_counts(connection)
         count = 0
         for query, params in self._steps(channel, message):
             count = await channel.execute(query, params)
-        return count == 1
+        return _first_copy(count)
 
     def _steps(self, channel: Channel, message: Incoming | str) -> list[_Step]:
         dialect, style = channel.dialect, channel.style
@@ -193,3 +195,21 @@ def _text(
     if dialect not in sql.DIALECTS:
         raise InboxError(f"the inbox cannot run on {dialect}")
     return styled(sql.queries(dialect, table, "inbox")[name], dialect, style)
+
+
+def _check_counts(connection: Any) -> None:
+    """The answer is the row count of the check's statement: refuse, before writing
+    anything, a connection that will not give it."""
+    if in_pipeline(connection):
+        raise InboxError(
+            "the inbox's check needs its statement's row count, which psycopg gives in "
+            "pipeline mode only at the pipeline's end: record the message outside "
+            "`connection.pipeline()`"
+        )
+
+
+def _first_copy(count: int) -> bool:
+    """The answer in the last statement's row count (see the dialect's inbox queries)."""
+    if count < 0:
+        raise InboxError(f"the inbox's check got no row count from the driver ({count})")
+    return count == 1

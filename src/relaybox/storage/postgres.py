@@ -33,7 +33,12 @@ from relaybox.core.records import (
     Settled,
     StoredMessage,
 )
-from relaybox.errors import StorageError, StorageIntegrityError, StorageOperationalError
+from relaybox.errors import (
+    SchemaError,
+    StorageError,
+    StorageIntegrityError,
+    StorageOperationalError,
+)
 from relaybox.sql.inserts import inserts
 from relaybox.storage.rows import by_seq, decode, decode_exact, lease_token, readable
 from relaybox.storage.urls import DatabaseUrl
@@ -157,6 +162,14 @@ class PostgresStorage:
         storage = cls(DatabaseUrl.parse(url) if isinstance(url, str) else url, table=table)
         async with storage._lock:
             await storage._connected()
+        ((ready,),) = await storage._run("schema_ready", [], rows=True)
+        if not ready:
+            await storage.close()
+            raise SchemaError(
+                f"table {table} has no {table}_done: its schema is older than this relaybox "
+                f"(migration 0007); run `relaybox migrate --db {storage._url.masked} "
+                f"--table {table}` before starting relays of this version"
+            )
         return storage
 
     async def _connected(self) -> _Driver:

@@ -86,20 +86,26 @@ def _unsupported(connection: object, side: str) -> UnsupportedConnectionError:
 
 # -- the per-connection cache ---------------------------------------------------------
 
-#: id(connection) -> (weak reference to it, its channel, the cursor factory its style
-#: was read from, or None where the style cannot change).
+#: id(connection) -> (weak reference to it, its channel, and for psycopg what the
+#: channel was made under, `_psycopg_state`; None where nothing can change).
 _channels: dict[int, tuple[weakref.ref[Any], Channel, object]] = {}
 
 
 def _known(connection: Any, known: tuple[weakref.ref[Any], Channel, object]) -> Channel | None:
     """The channel `known` under this connection's id, if made for it and still right."""
-    ref, channel, style_source = known
+    ref, channel, state = known
     if ref() is not connection:  # a dead connection's id, taken by a new object
         return None
-    # psycopg's cursor factory decides the style, and a caller may swap it.
-    if style_source is not None and style_source is not getattr(connection, "cursor_factory", None):
+    if state is not None and state != _psycopg_state(connection):
         return None
     return channel
+
+
+def _psycopg_state(connection: Any) -> tuple[object, bytes | None]:
+    """What a psycopg channel depends on and a caller may change: the cursor factory
+    decides the style, and the kept cursor encodes text in the client encoding that
+    was set when it was made."""
+    return connection.cursor_factory, connection.pgconn.parameter_status(b"client_encoding")
 
 
 def _channel(
@@ -125,8 +131,8 @@ def _channel(
     return _kept(key, ref, Channel(dialect, style, execute, text_values))
 
 
-def _kept(key: int, ref: weakref.ref[Any], channel: Channel, source: object = None) -> Channel:
-    _channels[key] = (ref, channel, source)
+def _kept(key: int, ref: weakref.ref[Any], channel: Channel, state: object = None) -> Channel:
+    _channels[key] = (ref, channel, state)
     return channel
 
 
@@ -165,7 +171,22 @@ def _run_psycopg(cursor: Any, lock: Any, query: str, params: Sequence[Any]) -> i
     # psycopg's cursors are not thread-safe, and threads may share a connection: the
     # lock keeps one statement and its row count together.
     with lock:
-        count: int = cursor.execute(_encoded.get(query) or _as_bytes(query), params).rowcount
+        cursor.execute(_encoded.get(query) or _as_bytes(query), params)
+        return _row_count(cursor)
+
+
+def in_pipeline(connection: Any) -> bool:
+    """A psycopg connection in pipeline mode, where each statement's result, and so its
+    row count, arrives only at the pipeline's next sync."""
+    return bool(getattr(getattr(connection, "pgconn", None), "pipeline_status", 0))
+
+
+def _row_count(cursor: Any) -> int:
+    """The statement's row count, or -1 in pipeline mode: its result arrives only at the
+    pipeline's next sync, and the count the cursor holds meanwhile is an earlier one's."""
+    if in_pipeline(cursor.connection):
+        return -1
+    count: int = cursor.rowcount
     return count
 
 
@@ -210,11 +231,11 @@ def _kept_cursor(connection: Any, factory: Any) -> Any:
 
 def _psycopg_channel(connection: Any, execute: Any, factory: type) -> Channel:
     """A psycopg channel, kept for `connection` (which always takes weak references)
-    while its cursor factory, which decides the style, stays the same."""
+    while `_psycopg_state` stays the same."""
     key = id(connection)
     ref = weakref.ref(connection, lambda dead: _forget(key, dead))
     channel = Channel("postgresql", _psycopg_style(factory), execute, text_values=True)
-    return _kept(key, ref, channel, factory)
+    return _kept(key, ref, channel, _psycopg_state(connection))
 
 
 def _sqlalchemy_sync(connection: Any, *, keep: bool = True) -> Channel:
@@ -281,9 +302,8 @@ async def _run_cursor_async(connection: Any, query: str, params: Sequence[Any]) 
 async def _run_psycopg_async(cursor: Any, query: str, params: Sequence[Any]) -> int:
     # The row count is read before this task yields again, so another task's statement
     # on the same cursor (the connection's lock queues it) cannot come in between.
-    query_bytes = _encoded.get(query) or _as_bytes(query)
-    count: int = (await cursor.execute(query_bytes, params)).rowcount
-    return count
+    await cursor.execute(_encoded.get(query) or _as_bytes(query), params)
+    return _row_count(cursor)
 
 
 async def _run_asyncpg(connection: Any, query: str, params: Sequence[Any]) -> int:

@@ -148,7 +148,7 @@ WITH picked AS (
       AND (w.key IS NULL OR (w.target, w.key) NOT IN (
           SELECT k ->> 0, k ->> 1 FROM jsonb_array_elements($6::text::jsonb) AS k))
       -- A waiting row (delayed, or backing off) holds back the rest of its key: the
-      -- keys that wait, with the seq from which they do, from waiting_ix alone (NULL,
+      -- keys that wait, with the seq from which they do, from waits_ix alone (NULL,
       -- so no row is held, when none waits).
       AND coalesce(((
           SELECT jsonb_object_agg(x.target || chr(31) || x.key, x.first) FROM (
@@ -315,6 +315,12 @@ SELECT b.seq, b.last_error, b.id, b.target, b.external, b.topic, b.key, b.partit
     b.content_type, b.payload, b.headers, b.correlation_id, b.causation_id, b.tenant_id,
     b.aggregate_id, b.occurred_at, b.created_at
 FROM back b;
+
+-- name: schema_ready
+-- Checked when a storage connects: the table of finished rows exists. Before migration
+-- 0007 finished rows stayed in {table}, and this relaybox's reads, which take every row
+-- there for a live one, would publish them again.
+SELECT to_regclass('{table}_done') IS NOT NULL;
 
 -- name: count_by_status
 SELECT status, count(*) FROM (

@@ -40,15 +40,17 @@ CREATE TABLE IF NOT EXISTS {table}_done (
 );
 
 -- Retention purges, on the finished rows only.
-CREATE INDEX IF NOT EXISTS {prefix}_done_published_ix ON {table}_done (published_at)
+CREATE INDEX IF NOT EXISTS {prefix}_published_done_ix ON {table}_done (published_at)
     WHERE published_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS {prefix}_done_abandoned_ix ON {table}_done (abandoned_at)
+CREATE INDEX IF NOT EXISTS {prefix}_abandoned_done_ix ON {table}_done (abandoned_at)
     WHERE abandoned_at IS NOT NULL;
 
 -- Relays of earlier versions finish rows in place, with an UPDATE that sets published_at
 -- or abandoned_at: this moves such a row to {table}_done as it is finished, so relays
 -- of both versions may run side by side during an upgrade. relaybox's own statements
--- move rows themselves and never set those columns on {table}.
+-- move rows themselves and never set those columns on {table}. The row goes over
+-- column by column in order: {table}_done was made LIKE {table}, and a migration that
+-- adds a column to one must add it to the other.
 CREATE OR REPLACE FUNCTION {prefix}_finished() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -58,11 +60,19 @@ BEGIN
 END
 $$;
 
-DROP TRIGGER IF EXISTS {prefix}_finished ON {table};
-CREATE TRIGGER {prefix}_finished
-    AFTER UPDATE OF published_at, abandoned_at ON {table}
-    FOR EACH ROW WHEN (NEW.published_at IS NOT NULL OR NEW.abandoned_at IS NOT NULL)
-    EXECUTE FUNCTION {prefix}_finished();
+-- Created once, never dropped and made again: with this script run outside a
+-- transaction, an in-place finish in between would stay in {table}.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '{table}'::regclass
+                   AND tgname = left('{prefix}_finished', 63)) THEN
+        CREATE TRIGGER {prefix}_finished
+            AFTER UPDATE OF published_at, abandoned_at ON {table}
+            FOR EACH ROW WHEN (NEW.published_at IS NOT NULL OR NEW.abandoned_at IS NOT NULL)
+            EXECUTE FUNCTION {prefix}_finished();
+    END IF;
+END
+$$;
 
 -- The rows finished so far.
 WITH finished AS (
@@ -71,26 +81,38 @@ WITH finished AS (
 )
 INSERT INTO {table}_done SELECT * FROM finished;
 
-DROP INDEX IF EXISTS {prefix}_live_ix;
-DROP INDEX IF EXISTS {prefix}_published_ix;
-DROP INDEX IF EXISTS {prefix}_abandoned_ix;
+-- The indexes that go, by their name in the table's schema (an index lives in its
+-- table's schema, which need not be on the search path), before the ones that take
+-- their place are made: a long table name truncates index names to 63 characters,
+-- where an old and a new name could meet.
+DO $$
+DECLARE
+    v_schema text := (SELECT n.nspname FROM pg_class c
+                      JOIN pg_namespace n ON n.oid = c.relnamespace
+                      WHERE c.oid = '{table}'::regclass);
+    v_name text;
+BEGIN
+    FOREACH v_name IN ARRAY ARRAY['live_ix', 'published_ix', 'abandoned_ix', 'key_ix',
+                                  'keyless_ix', 'waiting_ix'] LOOP
+        EXECUTE format('DROP INDEX IF EXISTS %I.%I', v_schema,
+                       left('{prefix}_' || v_name, 63));
+    END LOOP;
+END
+$$;
 
 -- The indexes that stay, without the live test. Per-key order: "is there an earlier
 -- row of this (target, key)?", and the heads of keys past a read's window.
 CREATE INDEX IF NOT EXISTS {prefix}_keyed_ix ON {table} (target, key, seq)
     WHERE key IS NOT NULL;
-DROP INDEX IF EXISTS {prefix}_key_ix;
 
 -- Keyless rows in seq order, found past a blocked window.
 CREATE INDEX IF NOT EXISTS {prefix}_unkeyed_ix ON {table} (seq)
     WHERE key IS NULL;
-DROP INDEX IF EXISTS {prefix}_keyless_ix;
 
 -- Rows that wait (a delay, or the backoff after a failed attempt) and so may hold their
 -- key back; a row written without a delay never enters it.
 CREATE INDEX IF NOT EXISTS {prefix}_waits_ix ON {table} (target, key, seq)
     WHERE key IS NOT NULL AND available_at > created_at;
-DROP INDEX IF EXISTS {prefix}_waiting_ix;
 
 -- The per-row claim (0005) and the read past a full window (0006), as they were but for
 -- the live test.
