@@ -71,22 +71,22 @@ def setup() -> bytes:
                      " occurred_at timestamptz NOT NULL, padding bytea NOT NULL)")  # fmt: skip
         # "Same-sized": pad the plain row to the outbox row's size, measured, not guessed.
         with conn.transaction(force_rollback=True):
-            Outbox(table=OUTBOX).add(conn, sample_message(0))
-            plain_insert(conn, 0, b"")
+            Outbox(table=OUTBOX).add(conn, sample_message("order-0-0"))
+            plain_insert(conn, "order-0-0", b"")
             (outbox_size,) = conn.execute(f"SELECT pg_column_size(t.*) FROM {OUTBOX} t").fetchone()
             (plain_size,) = conn.execute(f"SELECT pg_column_size(t.*) FROM {PLAIN} t").fetchone()
     return b"p" * max(0, outbox_size - plain_size)
 
 
-def sample_message(n: int) -> Message:
-    return Message(topic="orders", key=f"order-{n}", type="OrderPlaced", payload=PAYLOAD)
+def sample_message(key: str) -> Message:
+    return Message(topic="orders", key=key, type="OrderPlaced", payload=PAYLOAD)
 
 
-def plain_insert(conn: psycopg.Connection, n: int, padding: bytes) -> None:
+def plain_insert(conn: psycopg.Connection, key: str, padding: bytes) -> None:
     conn.execute(
         f"INSERT INTO {PLAIN} (id, topic, key, type, payload, headers, occurred_at, padding)"
         " VALUES (%s, %s, %s, %s, %s, %s::jsonb, now(), %s)",
-        (uuid.uuid4(), "orders", f"order-{n}", "OrderPlaced", json.dumps(PAYLOAD).encode(),
+        (uuid.uuid4(), "orders", key, "OrderPlaced", json.dumps(PAYLOAD).encode(),
          "{}", padding),
     )  # fmt: skip
 
@@ -99,21 +99,22 @@ NOTIFY_SETTINGS: dict[str, bool | float] = {
 VARIANTS = ("plain", *NOTIFY_SETTINGS)
 
 
-def transaction(conn: psycopg.Connection, outbox: Outbox | None, n: int, padding: bytes) -> bool:
+def transaction(conn: psycopg.Connection, outbox: Outbox | None, key: str, padding: bytes) -> bool:
     """One business transaction; True if it carried a NOTIFY."""
     conn.execute(f"INSERT INTO {ORDERS} (customer, total) VALUES (%s, %s)", ("c-000042", 129.9))
     notified = False
     if outbox is None:
-        plain_insert(conn, n, padding)
+        plain_insert(conn, key, padding)
     else:
         before = outbox._next_notify
-        outbox.add(conn, sample_message(n))
+        outbox.add(conn, sample_message(key))
         notified = outbox._next_notify != before
     conn.commit()
     return notified
 
 
 def client(
+    index: int,
     seconds: float,
     variants: list[str],
     slice_seconds: float | None,
@@ -129,7 +130,7 @@ def client(
     notified = dict.fromkeys(variants, 0)
     with psycopg.connect(PG_URL) as conn:
         for n in range(20):  # warm up: prepared statements, caches
-            transaction(conn, outboxes[variants[n % len(variants)]], n, padding)
+            transaction(conn, outboxes[variants[n % len(variants)]], f"warm-{index}-{n}", padding)
         deadline = time.perf_counter() + seconds
         n = 0
         while time.perf_counter() < deadline:
@@ -138,7 +139,8 @@ def client(
             else:
                 variant = variants[n % len(variants)]
             start = time.perf_counter()
-            notified[variant] += transaction(conn, outboxes[variant], n, padding)
+            key = f"order-{index}-{n}"  # every order its own key, as in a shop
+            notified[variant] += transaction(conn, outboxes[variant], key, padding)
             spent[variant] += time.perf_counter() - start
             count[variant] += 1
             n += 1
@@ -194,7 +196,7 @@ def main() -> None:
         watcher.start()
         ready.wait(30)
     work = (args.seconds, variants, args.slice, padding, queue)
-    procs = [multiprocessing.Process(target=client, args=work) for _ in range(args.clients)]
+    procs = [multiprocessing.Process(target=client, args=(i, *work)) for i in range(args.clients)]
     for p in procs:
         p.start()
     parts = [queue.get() for _ in procs]

@@ -18,6 +18,8 @@ PG_URL = os.environ.get("RELAYBOX_TEST_PG", "postgresql://postgres@127.0.0.1:543
 MYSQL_URL = os.environ.get("RELAYBOX_TEST_MYSQL", "mysql://root@127.0.0.1:3306/test")
 #: Tables the migrations create beside the outbox table, by suffix.
 SIDE_TABLES = ("_migrations", "_key_locks", "_members", "_partitions", "_watermarks", "_done")
+#: Functions the PostgreSQL migrations create for a table, by suffix of its prefix.
+_PG_FUNCTIONS = ("_claim", "_read", "_read_past", "_finished")
 
 
 def unique_table(stem: str = "rbx") -> str:
@@ -41,7 +43,9 @@ def drop(url: str, table: str) -> None:
         ) as conn:
             for name in tables:
                 conn.execute(f"DROP TABLE IF EXISTS {name}")
-            conn.execute(f"DROP FUNCTION IF EXISTS {index_prefix(table)}_claim")
+            for function in _PG_FUNCTIONS:
+                conn.execute(f"DROP FUNCTION IF EXISTS {index_prefix(table)}{function}")
+            conn.execute(f"DROP TYPE IF EXISTS {table}_status")
     elif url.startswith("mysql"):
         conn = pymysql.connect(
             host="127.0.0.1", port=3306, user="root", password="", database="test"

@@ -3,6 +3,7 @@
     RelayboxError
     +-- ConfigurationError            bad settings, URL or table name
     |   +-- InvalidTableNameError
+    |   +-- MissingDependencyError    an extra's client library is not installed
     +-- MessageError                  a message that cannot be written
     |   +-- EmptyTopicError
     |   +-- PayloadNotSerializableError
@@ -41,6 +42,10 @@ class ConfigurationError(RelayboxError):
 
 class InvalidTableNameError(ConfigurationError):
     """The table name is not a plain SQL identifier."""
+
+
+class MissingDependencyError(ConfigurationError):
+    """A client library this needs is not installed; install the relaybox extra it names."""
 
 
 class MessageError(RelayboxError):

@@ -8,19 +8,25 @@ is missing, so the command is idempotent. Concurrent runs are serialised by a lo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
+import sqlite3
 import warnings
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
 
 from relaybox import sql
+from relaybox.core.extras import installed, missing
 from relaybox.core.identifiers import DEFAULT_INBOX, DEFAULT_TABLE, validate_table_name
 from relaybox.errors import ConfigurationError, MigrationError, RelayboxError, SchemaError
 from relaybox.storage.urls import DatabaseUrl
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -31,7 +37,8 @@ class MigrationReport:
 
 
 class _Ddl(Protocol):
-    async def execute(self, statement: str, args: Sequence[Any] = ()) -> None: ...
+    async def execute(self, statement: str) -> None: ...
+    async def record(self, table: str, version: int, name: str) -> None: ...
     async def versions(self, table: str) -> set[int]: ...
 
 
@@ -43,102 +50,186 @@ _TRACKING = {
     "sqlite": "CREATE TABLE IF NOT EXISTS {table}_migrations (version INTEGER PRIMARY KEY, "
     "name TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
 }
-_RECORD = {
-    "postgresql": "INSERT INTO {table}_migrations (version, name) VALUES ($1, $2)",
-    "mysql": "INSERT INTO {table}_migrations (version, name) VALUES (%s, %s)",
-    "sqlite": "INSERT INTO {table}_migrations (version, name) VALUES (?, ?)",
-}
+_RECORD = "INSERT INTO {table}_migrations (version, name) VALUES "
+_VERSIONS = "SELECT version FROM {table}_migrations"
 
 
-class _Postgres:
+class _Asyncpg:
     def __init__(self, connection: Any) -> None:
         self.connection = connection
 
-    async def execute(self, statement: str, args: Sequence[Any] = ()) -> None:
-        await self.connection.execute(statement, *args)
+    async def execute(self, statement: str) -> None:
+        await self.connection.execute(statement)
+
+    async def record(self, table: str, version: int, name: str) -> None:
+        await self.connection.execute(_RECORD.format(table=table) + "($1, $2)", version, name)
 
     async def versions(self, table: str) -> set[int]:
-        rows = await self.connection.fetch(f"SELECT version FROM {table}_migrations")
+        rows = await self.connection.fetch(_VERSIONS.format(table=table))
         return {int(row[0]) for row in rows}
 
 
-class _MySQL:
+class _DbApi:
+    """psycopg's async connection, aiomysql's and asyncmy's: `%s` placeholders and
+    async cursors."""
+
     def __init__(self, connection: Any) -> None:
         self.connection = connection
 
-    async def execute(self, statement: str, args: Sequence[Any] = ()) -> None:
+    async def execute(self, statement: str) -> None:
         # "Table already exists" notes from IF NOT EXISTS are expected on a re-run.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             async with self.connection.cursor() as cursor:
-                await cursor.execute(statement, tuple(args) or None)
+                await cursor.execute(statement)
+
+    async def record(self, table: str, version: int, name: str) -> None:
+        async with self.connection.cursor() as cursor:
+            await cursor.execute(_RECORD.format(table=table) + "(%s, %s)", (version, name))
 
     async def versions(self, table: str) -> set[int]:
         async with self.connection.cursor() as cursor:
-            await cursor.execute(f"SELECT version FROM {table}_migrations")
+            await cursor.execute(_VERSIONS.format(table=table))
             return {int(row[0]) for row in await cursor.fetchall()}
 
 
 class _SQLite:
-    def __init__(self, connection: Any) -> None:
-        self.connection = connection
+    """The standard library's sqlite3, so that migrating a SQLite file needs no extra.
+    Calls run on a thread of the connection's own (as aiosqlite does): on a shared pool,
+    concurrent runs waiting for the write lock could take every thread and leave none
+    for the run that holds it."""
 
-    async def execute(self, statement: str, args: Sequence[Any] = ()) -> None:
-        await self.connection.execute(statement, tuple(args))
+    def __init__(self, connection: sqlite3.Connection, thread: ThreadPoolExecutor) -> None:
+        self.connection = connection
+        self._thread = thread
+
+    async def _call(self, function: Callable[[], _T]) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, function)
+
+    async def execute(self, statement: str) -> None:
+        await self._call(lambda: self.connection.execute(statement))
+
+    async def record(self, table: str, version: int, name: str) -> None:
+        query = _RECORD.format(table=table) + "(?, ?)"
+        await self._call(lambda: self.connection.execute(query, (version, name)))
 
     async def versions(self, table: str) -> set[int]:
-        async with self.connection.execute(f"SELECT version FROM {table}_migrations") as cursor:
-            return {int(row[0]) for row in await cursor.fetchall()}
+        query = _VERSIONS.format(table=table)
+        rows = await self._call(lambda: self.connection.execute(query).fetchall())
+        return {int(row[0]) for row in rows}
+
+
+def _pick(wanted: str | None, choices: Sequence[str], purpose: str) -> str:
+    """The driver the URL names, or else the first of `choices` that is installed."""
+    if wanted is not None:
+        if not installed(wanted):
+            raise missing(wanted, purpose)
+        return wanted
+    for choice in choices:
+        if installed(choice):
+            return choice
+    raise missing(choices[0], purpose)
 
 
 @contextlib.asynccontextmanager
 async def _locked(url: DatabaseUrl, table: str) -> AsyncIterator[_Ddl]:
-    """A DDL connection holding the migration lock for `table`."""
+    """A DDL connection holding the migration lock for `table`, through whichever client
+    library the URL names or, for a plain URL, is installed."""
     lock_name = f"relaybox_migrate:{table}"
+    purpose = f"migrating {url.masked}"
     if url.dialect == "postgresql":
-        import asyncpg
-
-        pg = await asyncpg.connect(url.libpq_dsn())
-        try:
-            await pg.execute("SELECT pg_advisory_lock(hashtext($1))", lock_name)
-            yield _Postgres(pg)
-        finally:
-            await pg.close()  # closing the session releases the advisory lock
+        named = url.driver if url.driver in ("asyncpg", "psycopg") else None
+        driver = _pick(named, ("asyncpg", "psycopg"), purpose)
+        async with _postgres(url, driver) as ddl:
+            await _postgres_lock(ddl, lock_name)
+            yield ddl  # closing the session releases the advisory lock
     elif url.dialect == "mysql":
-        import aiomysql
-
-        my = await aiomysql.connect(
-            host=url.host or "127.0.0.1", port=url.port or 3306, user=url.user or "root",
-            password=url.password or "", db=url.database, autocommit=True,
-        )  # fmt: skip
-        try:
-            async with my.cursor() as cursor:
+        named = url.driver if url.driver in ("aiomysql", "asyncmy") else None
+        driver = _pick(named, ("aiomysql", "asyncmy"), purpose)
+        async with _mysql(url, driver) as ddl:
+            async with ddl.connection.cursor() as cursor:
                 await cursor.execute("SELECT GET_LOCK(%s, 60)", (lock_name,))
                 (granted,) = await cursor.fetchone()
             if granted != 1:
                 raise MigrationError(f"another migration of {table} holds its lock; try again")
-            yield _MySQL(my)
+            yield ddl
+    elif url.dialect == "sqlite":
+        async with _sqlite(url) as lite:
+            yield lite
+    else:
+        raise MigrationError(f"{url.dialect} storage has no schema to migrate")
+
+
+@contextlib.asynccontextmanager
+async def _postgres(url: DatabaseUrl, driver: str) -> AsyncIterator[_Asyncpg | _DbApi]:
+    if driver == "asyncpg":
+        import asyncpg
+
+        pg = await asyncpg.connect(url.libpq_dsn())
+        try:
+            yield _Asyncpg(pg)
+        finally:
+            await pg.close()
+    else:
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(url.libpq_dsn(), autocommit=True) as pq:
+            yield _DbApi(pq)
+
+
+async def _postgres_lock(ddl: _Asyncpg | _DbApi, lock_name: str) -> None:
+    if isinstance(ddl, _Asyncpg):
+        await ddl.connection.execute("SELECT pg_advisory_lock(hashtext($1))", lock_name)
+    else:
+        await ddl.connection.execute("SELECT pg_advisory_lock(hashtext(%s))", (lock_name,))
+
+
+@contextlib.asynccontextmanager
+async def _mysql(url: DatabaseUrl, driver: str) -> AsyncIterator[_DbApi]:
+    options: dict[str, Any] = {
+        "host": url.host or "127.0.0.1", "port": url.port or 3306, "user": url.user or "root",
+        "password": url.password or "", "autocommit": True,
+    }  # fmt: skip
+    if "unix_socket" in url.query:
+        options["unix_socket"] = url.query["unix_socket"]
+    if driver == "asyncmy":
+        import asyncmy
+
+        my = await asyncmy.connect(database=url.database or None, **options)
+        try:
+            yield _DbApi(my)
+        finally:
+            await my.ensure_closed()
+    else:
+        import aiomysql
+
+        my = await aiomysql.connect(db=url.database or None, **options)
+        try:
+            yield _DbApi(my)
         finally:
             my.close()
-    elif url.dialect == "sqlite":
-        import aiosqlite
 
-        lite = await aiosqlite.connect(url.database, isolation_level=None)
+
+@contextlib.asynccontextmanager
+async def _sqlite(url: DatabaseUrl) -> AsyncIterator[_SQLite]:
+    with ThreadPoolExecutor(1, thread_name_prefix="relaybox-migrate") as thread:
+        loop = asyncio.get_running_loop()
+        lite = await loop.run_in_executor(
+            thread, lambda: sqlite3.connect(url.database, isolation_level=None, timeout=30)
+        )
+        ddl = _SQLite(lite, thread)
         try:
             # One write transaction for the whole run: concurrent runs queue on it, and
             # the second one reads the versions the first recorded.
-            await lite.execute("PRAGMA busy_timeout = 30000")
-            await lite.execute("BEGIN IMMEDIATE")
+            await ddl.execute("BEGIN IMMEDIATE")
             try:
-                yield _SQLite(lite)
+                yield ddl
             except BaseException:
-                await lite.execute("ROLLBACK")
+                await ddl.execute("ROLLBACK")
                 raise
-            await lite.execute("COMMIT")
+            await ddl.execute("COMMIT")
         finally:
-            await lite.close()
-    else:
-        raise MigrationError(f"{url.dialect} storage has no schema to migrate")
+            await loop.run_in_executor(thread, lite.close)
 
 
 async def migrate(
@@ -158,7 +249,7 @@ async def migrate(
     try:
         async with _locked(url, table) as ddl:
             applied = await _migrate(ddl, dialect, table, steps)
-    except (RelayboxError, ImportError):
+    except RelayboxError:
         raise
     except Exception as exc:  # connection refused, auth, unknown database ...
         raise MigrationError(f"cannot migrate {table} at {url.masked}: {exc}") from exc
@@ -199,7 +290,7 @@ async def _apply(
             await ddl.execute("BEGIN")
         for statement in sql.statements(script):
             await ddl.execute(statement)
-        await ddl.execute(sql.render(_RECORD[dialect], table, dialect), [version, name])
+        await ddl.record(table, version, name)
         if transactional:
             await ddl.execute("COMMIT")
     except Exception as exc:

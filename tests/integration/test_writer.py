@@ -4,6 +4,7 @@ bad input raises a relaybox error and leaves the caller's transaction usable."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -14,7 +15,14 @@ import psycopg
 import pymysql
 import pytest
 
-from relaybox import Message, Outbox, PayloadTooLargeError, Target, UnknownTargetError
+from relaybox import (
+    Message,
+    Outbox,
+    PayloadTooLargeError,
+    SchemaError,
+    Target,
+    UnknownTargetError,
+)
 from relaybox.errors import MessageError
 from relaybox.migrations import migrate
 from tests.databases import MYSQL_URL, PG_URL, drop, sqlite_url, unique_table
@@ -199,6 +207,46 @@ async def test_async_bad_input_raises_and_keeps_the_transaction(
     await case.commit()
     assert world.count(world.business) == 1
     assert world.count(world.table) == 1
+
+
+def test_sync_add_to_a_table_never_migrated_says_to_migrate(
+    sync_case: tuple[World, SyncCase],
+) -> None:
+    world, case = sync_case
+    absent = unique_table("absent")
+    with pytest.raises(SchemaError, match=f"{absent} .*relaybox migrate"):
+        Outbox(table=absent).add(case.handle, messages(2))
+    case.rollback()  # PostgreSQL aborted the transaction; the others may go on
+    case.run(world.business_insert())
+    case.commit()
+    assert world.count(world.business) == 1
+
+
+async def test_async_add_to_a_table_never_migrated_says_to_migrate(
+    async_case: tuple[World, AsyncCase],
+) -> None:
+    world, case = async_case
+    absent = unique_table("absent")
+    with pytest.raises(SchemaError, match=f"{absent} .*relaybox migrate"):
+        await Outbox(table=absent).add_async(case.handle, messages(2))
+    await case.rollback()
+    await case.run(world.business_insert())
+    await case.commit()
+    assert world.count(world.business) == 1
+
+
+def test_other_database_errors_stay_the_drivers_own(tmp_path: Path) -> None:
+    """Such as writing on a read-only transaction: the application handles it as it
+    handles its own statements' errors."""
+    world = World("postgresql", tmp_path / "unused.db")
+    world.setup_sync()
+    try:
+        with psycopg.connect(PG_URL) as conn:
+            conn.execute("SET TRANSACTION READ ONLY")
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                world.outbox.add(conn, messages(1))
+    finally:
+        world.teardown()
 
 
 def test_sync_writer_rejects_an_async_connection_clearly(tmp_path: Path) -> None:
@@ -410,3 +458,72 @@ def test_the_inbox_refuses_a_psycopg_pipeline_and_the_writer_works_in_one(tmp_pa
     finally:
         world.teardown()
         drop(PG_URL, inbox_table)
+
+
+def _keyed(count: int) -> list[Message]:
+    return [Message(topic="t", key=f"k{n % 7}", payload={"n": n}) for n in range(count)]
+
+
+def test_a_bulk_add_is_one_insert_statement_on_sqlite(tmp_path: Path) -> None:
+    table, db = unique_table("bulk"), tmp_path / "bulk.db"
+    asyncio.run(migrate(sqlite_url(db), table=table))
+    seen: list[str] = []
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.set_trace_callback(seen.append)
+        Outbox(table=table).add(conn, _keyed(300))
+        conn.commit()
+        assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (300,)
+    assert len([s for s in seen if s.lstrip().upper().startswith("INSERT")]) == 1
+
+
+def test_a_bulk_add_is_one_insert_statement_on_postgresql() -> None:
+    """Counted by a statement-level trigger on the outbox table."""
+    table = unique_table("bulk")
+    counter = f"{table}_statements"
+    asyncio.run(migrate(PG_URL, table=table))
+    try:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {counter} (n int NOT NULL)")
+            conn.execute(f"INSERT INTO {counter} VALUES (0)")
+            conn.execute(
+                f"CREATE FUNCTION {counter}() RETURNS trigger LANGUAGE plpgsql AS"
+                f" $$ BEGIN UPDATE {counter} SET n = n + 1; RETURN NULL; END $$"
+            )
+            conn.execute(
+                f"CREATE TRIGGER {counter} AFTER INSERT ON {table}"
+                f" FOR EACH STATEMENT EXECUTE FUNCTION {counter}()"
+            )
+        with psycopg.connect(PG_URL) as conn:
+            Outbox(table=table).add(conn, _keyed(300))
+        with psycopg.connect(PG_URL) as conn:
+            assert conn.execute(f"SELECT n FROM {counter}").fetchone() == (1,)
+            assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (300,)
+    finally:
+        drop(PG_URL, table)
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {counter}")
+            conn.execute(f"DROP FUNCTION IF EXISTS {counter}()")
+
+
+async def test_an_asyncpg_pool_connection_writes_in_its_transaction(tmp_path: Path) -> None:
+    import asyncpg
+
+    world = World("postgresql", tmp_path / "unused.db")
+    await world.setup()
+    pool = await asyncpg.create_pool(PG_URL, min_size=1, max_size=2)
+
+    async def rolled_back(conn: Any) -> None:
+        async with conn.transaction():
+            await world.outbox.add_async(conn, messages(3))
+            raise RuntimeError("rolled back")
+
+    try:
+        async with pool.acquire() as conn:
+            async with conn.transaction():
+                await world.outbox.add_async(conn, messages(2))
+            with pytest.raises(RuntimeError, match="rolled back"):
+                await rolled_back(conn)
+        assert world.count(world.table) == 2
+    finally:
+        await pool.close()
+        world.teardown()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +19,9 @@ from tests.databases import MYSQL_URL, PG_URL, drop, sqlite_url, unique_table
 def _pg_catalog(table: str) -> list[tuple[object, ...]]:
     with psycopg.connect(PG_URL) as conn:
         columns = conn.execute(
-            "SELECT column_name, data_type, is_nullable, column_default, is_identity,"
-            " ordinal_position FROM information_schema.columns WHERE table_name = %s"
-            " ORDER BY ordinal_position",
+            "SELECT column_name, data_type, udt_name, is_nullable, column_default, is_identity,"
+            " collation_name, ordinal_position FROM information_schema.columns"
+            " WHERE table_name = %s ORDER BY ordinal_position",
             (table,),
         ).fetchall()
         indexes = conn.execute(
@@ -31,7 +32,29 @@ def _pg_catalog(table: str) -> list[tuple[object, ...]]:
             " ORDER BY conname",
             (table,),
         ).fetchall()
-    return [tuple(str(v).replace(table, "T") for v in row) for row in (*columns, *indexes, *checks)]
+        options = conn.execute(
+            "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", (table,)
+        ).fetchall()
+        triggers = conn.execute(
+            "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = %s::regclass"
+            " AND NOT tgisinternal ORDER BY tgname",
+            (table,),
+        ).fetchall()
+        # The enum types and functions the table's migrations made: their definitions,
+        # bodies included (the claim and the read live there).
+        enums = conn.execute(
+            "SELECT t.typname, string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)"
+            " FROM pg_type t JOIN pg_enum e ON e.enumtypid = t.oid"
+            " WHERE t.typname LIKE %s GROUP BY t.typname ORDER BY t.typname",
+            (table + "\\_%",),
+        ).fetchall()
+        functions = conn.execute(
+            "SELECT pg_get_functiondef(p.oid) FROM pg_proc p WHERE p.proname LIKE %s"
+            " ORDER BY p.proname, pg_get_function_identity_arguments(p.oid)",
+            (table + "\\_%",),
+        ).fetchall()
+    catalog = (*columns, *indexes, *checks, *options, *triggers, *enums, *functions)
+    return [tuple(str(v).replace(table, "T") for v in row) for row in catalog]
 
 
 def _mysql_catalog(table: str) -> list[tuple[object, ...]]:
@@ -124,6 +147,45 @@ async def test_migrations_yield_the_published_schema(
     finally:
         drop(url, migrated)
         drop(url, published)
+
+
+def test_the_postgresql_catalog_sees_functions_triggers_and_enums() -> None:
+    """The comparison above covers the claim and read functions, the trigger that moves
+    finished rows and the status enum, not only columns and indexes."""
+    table = unique_table("cat")
+    try:
+        asyncio.run(migrate(PG_URL, table=table))
+        catalog = "\n".join(" ".join(row) for row in _pg_catalog(table))  # type: ignore[arg-type]
+        for expected in ("FUNCTION public.T_claim(", "FUNCTION public.T_read_past(",
+                         "CREATE TRIGGER T_finished", "T_status pending,processing"):  # fmt: skip
+            assert expected in catalog
+    finally:
+        drop(PG_URL, table)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        PG_URL.replace("postgresql://", "postgresql+psycopg://"),
+        MYSQL_URL.replace("mysql://", "mysql+asyncmy://"),
+    ],
+)
+async def test_every_driver_migrates_to_the_same_schema(variant: str, tmp_path: Path) -> None:
+    """`relaybox migrate` runs through the driver the URL names (a service that installed
+    only psycopg or asyncmy can migrate) and gives the schema of the default driver."""
+    url = PG_URL if variant.startswith("postgresql") else MYSQL_URL
+    dialect = "postgresql" if variant.startswith("postgresql") else "mysql"
+    default, named = unique_table("drv"), unique_table("drv")
+    try:
+        await migrate(url, table=default)
+        report = await migrate(variant, table=named)
+        assert report.applied == tuple(v for v, _, _ in sql.migrations(dialect, named))  # type: ignore[arg-type]
+        assert (await migrate(variant, table=named)).applied == ()
+        db = tmp_path / "unused.db"
+        assert _catalog(dialect, named, db, "outbox") == _catalog(dialect, default, db, "outbox")
+    finally:
+        drop(url, default)
+        drop(url, named)
 
 
 async def test_migrate_twice_changes_nothing_the_second_time(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 
+from relaybox.core.extras import needs_extras
 from relaybox.errors import ConfigurationError
 from relaybox.ports import Publisher
 from relaybox.publishers.options import BrokerUrl
@@ -41,7 +42,8 @@ def open_publisher(url: str) -> Publisher:
     if module_name is None:
         known = ", ".join(f"{s}://" for s in sorted(SCHEMES))
         raise ConfigurationError(f"no publisher for broker URL scheme {scheme!r}; known: {known}")
-    module = importlib.import_module(f"relaybox.publishers.{module_name}")
+    with needs_extras(f"the broker URL {scheme}://"):
+        module = importlib.import_module(f"relaybox.publishers.{module_name}")
     parsed = BrokerUrl(url)
     publisher: Publisher = module.from_url(parsed)
     parsed.done()

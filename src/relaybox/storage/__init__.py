@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from relaybox.core.extras import installed, missing
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.errors import ConfigurationError
 from relaybox.ports import OutboxStorage
@@ -11,6 +12,9 @@ from relaybox.storage.urls import DatabaseUrl
 async def open_storage(url: str, *, table: str = DEFAULT_TABLE) -> OutboxStorage:
     """Connect to the outbox at `url`: postgresql://, mysql://, sqlite:///path, memory://."""
     parsed = DatabaseUrl.parse(url)
+    driver = driver_module(parsed)
+    if driver is not None and not installed(driver):
+        raise missing(driver, f"the database URL {parsed.masked}")
     if parsed.dialect == "postgresql":
         from relaybox.storage.postgres import PostgresStorage
 
@@ -28,3 +32,14 @@ async def open_storage(url: str, *, table: str = DEFAULT_TABLE) -> OutboxStorage
 
         return MemoryStorage(table=table)
     raise ConfigurationError(f"no storage for {parsed.masked}")  # pragma: no cover
+
+
+def driver_module(url: DatabaseUrl) -> str | None:
+    """The client library the relay's storage uses for `url` (None: the memory one)."""
+    if url.dialect == "postgresql":
+        return "psycopg" if url.driver == "psycopg" else "asyncpg"
+    if url.dialect == "mysql":
+        return "asyncmy" if url.driver == "asyncmy" else "aiomysql"
+    if url.dialect == "sqlite":
+        return "aiosqlite"
+    return None

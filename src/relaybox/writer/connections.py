@@ -369,3 +369,35 @@ def _async_maker(connection: Any, api: str) -> Callable[[Any], Channel]:
         if _is(connection, root, *names):
             return make
     raise _unsupported(connection, f"{api}_async (use {api} for sync connections)")
+
+
+#: How each database reports a table that does not exist: PostgreSQL's SQLSTATE (psycopg
+#: and asyncpg give it as `sqlstate`, SQLAlchemy's asyncpg adapter as `pgcode`), MySQL's
+#: error number (the first argument of PyMySQL's, aiomysql's and asyncmy's errors),
+#: SQLite's message.
+_UNDEFINED_TABLE_SQLSTATE = "42P01"
+_MYSQL_NO_SUCH_TABLE = 1146
+_SQLITE_NO_SUCH_TABLE = "no such table: "
+
+
+def missing_table(error: BaseException) -> bool:
+    """Whether `error`, or one it wraps (SQLAlchemy's `orig`, Django's cause), says that
+    a table does not exist."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        state = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
+        args = current.args
+        if (
+            state == _UNDEFINED_TABLE_SQLSTATE
+            or (args and args[0] == _MYSQL_NO_SUCH_TABLE)
+            or (args and isinstance(args[0], str) and args[0].startswith(_SQLITE_NO_SUCH_TABLE))
+        ):
+            return True
+        orig = getattr(current, "orig", None)
+        pending += [orig if isinstance(orig, BaseException) else None, current.__cause__]
+    return False

@@ -11,9 +11,9 @@ from relaybox.core.identifiers import DEFAULT_TABLE, notify_channel, validate_ta
 from relaybox.core.message import Message, Target
 from relaybox.core.payload import DEFAULT_MAX_PAYLOAD_BYTES, check_size
 from relaybox.core.records import InsertRow, Routing
-from relaybox.errors import ConfigurationError
+from relaybox.errors import ConfigurationError, SchemaError
 from relaybox.sql.inserts import Statement, basic_insert, inserts
-from relaybox.writer.connections import Channel, async_channel, sync_channel
+from relaybox.writer.connections import Channel, async_channel, missing_table, sync_channel
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +96,9 @@ class Outbox:
             try:
                 for query, params in self._statements(channel, batch, rows, notify):
                     channel.execute(query, params)
-            except BaseException:
+            except BaseException as error:
                 self._give_back_notify(notify)
+                self._raise_if_missing(error, channel.dialect)
                 raise
         return batch
 
@@ -112,10 +113,28 @@ class Outbox:
             try:
                 for query, params in self._statements(channel, batch, rows, notify):
                     await channel.execute(query, params)
-            except BaseException:
+            except BaseException as error:
                 self._give_back_notify(notify)
+                self._raise_if_missing(error, channel.dialect)
                 raise
         return batch
+
+    def _raise_if_missing(self, error: BaseException, dialect: str) -> None:
+        """A missing outbox table (the first error of a service that never migrated)
+        becomes a `SchemaError` that says what to do. Every other database error stays
+        the driver's own, so the application's retry rules (deadlocks, serialization
+        failures) still see what they expect."""
+        if not missing_table(error):
+            return
+        aborted = " The failed statement aborted the transaction: roll it back." * (
+            dialect == "postgresql"
+        )
+        raise SchemaError(
+            f"the outbox table {self.table} (or a table beside it) does not exist in this "
+            f"connection's database: create it with `relaybox migrate --db URL --table "
+            f"{self.table}` (or `relaybox schema` for your own migrations). Nothing was "
+            f"written.{aborted}"
+        ) from error
 
     def _checked(
         self, messages: Message | Iterable[Message]

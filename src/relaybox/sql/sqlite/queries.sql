@@ -75,18 +75,25 @@ RETURNING seq, id, target, external, topic, "key", "partition", type, content_ty
 -- row-lease relay), leaving out what the relay has in flight. Nothing is written.
 -- seqs in flight JSON, partitions JSON or NULL, partition count, partitions again,
 -- targets JSON or NULL (twice), seqs in flight again, limit.
+-- `clock` reads 'now' once: SQLite keeps 'now' only within one sqlite3_step, and each
+-- row this SELECT returns is a step of its own. Read per row, a head whose delay ends
+-- between two steps was not due when its own row was scanned, yet no longer held its
+-- key back when a later row of the key was: that row came out first (found by the
+-- conformance suite's random histories; tests/integration/test_sqlite_clock.py).
 WITH busy(target, "key") AS MATERIALIZED (
     SELECT target, "key" FROM {table}
     WHERE seq IN (SELECT value FROM json_each(?)) AND "key" IS NOT NULL
+), clock(now) AS MATERIALIZED (
+    SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')
 )
 SELECT seq, id, target, external, topic, "key", "partition", type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
     attempts
-FROM {table} o
+FROM {table} o, clock
 WHERE status IN ('pending', 'processing', 'failed')
   AND CASE WHEN status = 'processing'
-           THEN locked_until <= strftime('%Y-%m-%d %H:%M:%f', 'now')
-           ELSE available_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') END
+           THEN locked_until <= clock.now
+           ELSE available_at <= clock.now END
   AND (? IS NULL OR "partition" % ? IN (SELECT value FROM json_each(?)))
   AND (? IS NULL OR target IN (SELECT value FROM json_each(?)))
   AND ("key" IS NULL OR NOT EXISTS (
@@ -97,8 +104,8 @@ WHERE status IN ('pending', 'processing', 'failed')
       WHERE h.target = o.target AND h."key" = o."key" AND h.seq < o.seq
         AND h."key" IS NOT NULL AND h.status IN ('pending', 'processing', 'failed')
         AND CASE WHEN h.status = 'processing'
-                 THEN h.locked_until > strftime('%Y-%m-%d %H:%M:%f', 'now')
-                 ELSE h.available_at > strftime('%Y-%m-%d %H:%M:%f', 'now') END))
+                 THEN h.locked_until > clock.now
+                 ELSE h.available_at > clock.now END))
 ORDER BY seq
 LIMIT ?;
 
