@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import click
 
-from relaybox import sql
+from relaybox import admin, sql
 from relaybox.bench import bench
 from relaybox.core.identifiers import DEFAULT_INBOX, DEFAULT_TABLE
 from relaybox.demo import demo
@@ -60,6 +64,118 @@ def schema(dialect: sql.Dialect, table: str | None, inbox: bool) -> None:
             click.echo(sql.schema(dialect, table or DEFAULT_TABLE))
     except RelayboxError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+T = TypeVar("T")
+
+
+def _run(work: Coroutine[Any, Any, T]) -> T:
+    try:
+        return asyncio.run(work)
+    except RelayboxError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+class _Unreadable(click.ClickException):
+    """`relaybox status` could not read the table: 2, where a passed limit is 1."""
+
+    exit_code = 2
+
+
+_DB = click.option("--db", "db_url", required=True, envvar="RELAYBOX_DB", help="Database URL.")
+_TABLE = click.option("--table", default=DEFAULT_TABLE, show_default=True, help="Outbox table.")
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+@main.command()
+@_DB
+@_TABLE
+@_JSON
+@click.option("--max-pending", type=int, default=None, help="Alert above this many pending.")
+@click.option("--max-failed", type=int, default=None, help="Alert above this many failed.")
+@click.option("--max-abandoned", type=int, default=None, help="Alert above this many abandoned.")
+@click.option(
+    "--max-age", type=float, default=None, help="Alert when the oldest pending waited longer (s)."
+)
+def status(
+    db_url: str, table: str, as_json: bool, max_pending: int | None, max_failed: int | None,
+    max_abandoned: int | None, max_age: float | None,
+) -> None:  # fmt: skip
+    """The outbox's signals: counts by status, the oldest pending age, leases. Exits 1
+    when a --max-* limit is passed and 2 when the table cannot be read (a check for cron
+    or a probe)."""
+    try:
+        stats = asyncio.run(admin.table_stats(db_url, table))
+    except RelayboxError as exc:
+        raise _Unreadable(str(exc)) from exc
+    limits = admin.Thresholds(max_pending, max_failed, max_abandoned, max_age)
+    alerts = limits.breaches(stats)
+    if as_json:
+        click.echo(json.dumps({
+            "table": table, "counts": admin.counts(stats),
+            "oldest_pending_age_seconds": stats.oldest_pending_age,
+            "active_leases": stats.active_leases, "alerts": alerts,
+        }, indent=2))  # fmt: skip
+    else:
+        click.echo(f"{table} on {DatabaseUrl.parse(db_url).masked}")
+        for name, count in admin.counts(stats).items():
+            click.echo(f"  {name:<15} {count:>10}")
+        age = stats.oldest_pending_age
+        click.echo(f"  {'oldest pending':<15} {'-' if age is None else f'{age:.1f} s':>10}")
+        click.echo(f"  {'active leases':<15} {stats.active_leases:>10}")
+        for alert in alerts:
+            click.echo(f"ALERT: {alert}", err=True)
+    if alerts:
+        sys.exit(1)
+
+
+@main.command()
+@_DB
+@_TABLE
+@_JSON
+@click.option("--limit", default=20, show_default=True, help="How many, newest first.")
+@click.option("--target", default=None, help="Only this target's.")
+def abandoned(db_url: str, table: str, as_json: bool, limit: int, target: str | None) -> None:
+    """List abandoned messages with their last error, newest first (replay them with
+    `relaybox replay`)."""
+    rows = _run(admin.list_abandoned(db_url, table, limit=limit, target=target))
+    if as_json:
+        click.echo(json.dumps([
+            {"seq": m.seq, "id": str(m.id), "target": m.target, "topic": m.topic, "key": m.key,
+             "type": m.type, "attempts": m.attempts, "last_error": m.last_error,
+             "abandoned_at": m.abandoned_at.isoformat(), "occurred_at": m.occurred_at.isoformat()}
+            for m in rows
+        ], indent=2))  # fmt: skip
+        return
+    if not rows:
+        click.echo("no abandoned messages")
+        return
+    for m in rows:
+        when = m.abandoned_at.strftime("%Y-%m-%d %H:%M:%S")
+        click.echo(f"{m.seq:>10}  {when}  {m.target}  {m.topic}  key={m.key}  "
+                   f"attempts={m.attempts}  id={m.id}")  # fmt: skip
+        click.echo(f"{'':>12}{m.last_error or '(no error recorded)'}")
+
+
+@main.command()
+@_DB
+@_TABLE
+@click.argument("seqs", nargs=-1, type=int)
+@click.option("--all", "every", is_flag=True, help="Every abandoned message (of --target).")
+@click.option("--target", default=None, help="With --all: only this target's.")
+@click.option("--yes", is_flag=True, help="Do not ask before --all.")
+def replay(
+    db_url: str, table: str, seqs: tuple[int, ...], every: bool, target: str | None, yes: bool
+) -> None:
+    """Make abandoned messages pending again, with a fresh attempt count: the SEQS given
+    (see `relaybox abandoned`), or --all of them."""
+    if target is not None and not every:
+        raise click.UsageError("--target goes with --all")
+    if every and not yes:
+        which = f"target {target}'s" if target else "every"
+        click.confirm(f"Replay {which} abandoned message in {table}?", abort=True)
+    count = _run(admin.replay(db_url, table, seqs=seqs, every=every, target=target))
+    click.echo(f"replayed {count} message(s)")
 
 
 main.add_command(demo)

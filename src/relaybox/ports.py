@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 from relaybox.core.partitions import DEFAULT_PARTITIONS
 from relaybox.core.publishing import PublisherFeatures, PublishResult
 from relaybox.core.records import (
+    AbandonedMessage,
     Assignment,
     Claim,
     Failure,
@@ -113,6 +114,12 @@ class OutboxStorage(Protocol):
 
     async def replay(self, seqs: Sequence[int]) -> int:
         """Operator replay: abandoned rows become pending with a fresh attempt count."""
+
+    async def abandoned(
+        self, *, limit: int, before: int | None = None, target: str | None = None
+    ) -> list[AbandonedMessage]:
+        """Abandoned rows, newest (highest seq) first: up to `limit` of those with a
+        seq below `before` (None: from the newest), of `target` (None: any)."""
 
     async def stats(self) -> OutboxStats:
         """Counts by status, the age of the oldest due row, and active leases."""

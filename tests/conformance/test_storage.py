@@ -767,3 +767,36 @@ async def test_random_histories_keep_every_key_in_order(backend: Backend, seed: 
     for key, ids in published.items():
         if key is not None:
             assert ids == [i for i in written[key] if i in ids], key
+
+
+async def test_abandoned_rows_are_listed_newest_first_with_their_error(backend: Backend) -> None:
+    await hold_everything(backend)
+    before = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=5)
+    await write(backend, msg("a"), msg("b"), msg(None), msg("c", targets=["partner"]))
+    read = {m.key: m for m in await backend.storage.read(limit=10)}
+    errors = {"a": "unroutable", None: "too large", "c": "rejected"}
+    await backend.storage.settle_owned(
+        "w1",
+        abandoned=[Failure(read[k].seq, error) for k, error in errors.items()],
+        published=[read["b"].seq],
+    )
+    listed = await backend.storage.abandoned(limit=10)
+    assert [(m.seq, m.id, m.key, m.target, m.last_error, m.attempts) for m in listed] == sorted(
+        ((read[k].seq, read[k].id, k, read[k].target, e, 1) for k, e in errors.items()),
+        reverse=True,
+    )
+    for row in listed:
+        assert before <= row.abandoned_at <= datetime.datetime.now(datetime.UTC)
+        assert row.occurred_at == read[row.key].occurred_at
+        assert (row.topic, row.type) == ("orders", "orders")
+    # Pages, newest first; a target of its own.
+    first = await backend.storage.abandoned(limit=2)
+    rest = await backend.storage.abandoned(limit=2, before=first[-1].seq)
+    assert [m.seq for m in (*first, *rest)] == [m.seq for m in listed]
+    assert [m.key for m in await backend.storage.abandoned(limit=10, target="partner")] == ["c"]
+    assert await backend.storage.abandoned(limit=0) == []
+    with pytest.raises(ValueError, match="limit"):
+        await backend.storage.abandoned(limit=-1)
+    # Replayed, a row is no longer abandoned.
+    assert await backend.storage.replay([read["a"].seq]) == 1
+    assert read["a"].seq not in {m.seq for m in await backend.storage.abandoned(limit=10)}

@@ -124,6 +124,22 @@ class StoredMessage(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class AbandonedMessage:
+    """An abandoned row, as an operator looks it over before a replay."""
+
+    seq: int
+    id: uuid.UUID
+    target: str
+    topic: str
+    key: str | None
+    type: str
+    attempts: int
+    last_error: str | None
+    abandoned_at: datetime.datetime
+    occurred_at: datetime.datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Claim:
     """Rows leased to one worker; marks must present `token`, or they change nothing."""
 

@@ -15,6 +15,7 @@ from relaybox.core.partitions import DEFAULT_PARTITIONS
 from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError, RelayboxError
 from relaybox.relay.engine import Relay
+from relaybox.relay.http import StatusServer, parse_address
 from relaybox.relay.settings import RelaySettings
 
 _early_signal: list[int] = []
@@ -36,24 +37,38 @@ def parse_brokers(values: tuple[str, ...]) -> dict[str, str]:
     return brokers
 
 
-async def serve(relay: Relay, *, max_seconds: float | None = None) -> None:
-    """Run until a signal (or `max_seconds`), then stop gracefully."""
+async def serve(relay: Relay, *, max_seconds: float | None = None, http: str | None = None) -> None:
+    """Run until a signal (or `max_seconds`), then stop gracefully; with `http`
+    (HOST:PORT), serve the status endpoints there meanwhile."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     if _early_signal:  # it came while we were starting: start, then stop at once
         stop.set()
+    server = None
     try:
+        if http is not None:  # bound first: a port in use stops us before we join
+            server = StatusServer(relay, *parse_address(http))
+            await server.start()
+            relay.sample_stats(STATS_EVERY)
         await relay.start()
         click.echo(f"relay {relay.worker} running; targets: {', '.join(relay.publishers)}")
+        if server is not None:
+            click.echo(f"status endpoints on http://{http} (/metrics, /api/outbox, /healthz)")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), max_seconds)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if server is not None:
+            await server.close()
         await relay.stop()
     click.echo(f"relay {relay.worker} stopped")
+
+
+#: With --http, each table's counts are read this often (and when scraped, if older).
+STATS_EVERY = 15.0
 
 
 @click.command()
@@ -110,6 +125,13 @@ async def serve(relay: Relay, *, max_seconds: float | None = None) -> None:
 @click.option("--abandoned-retention", default=7 * 24 * 3600.0, show_default=True)
 @click.option("--cleanup-interval", default=60.0, show_default=True)
 @click.option("--shutdown-timeout", default=10.0, show_default=True)
+@click.option(
+    "--http",
+    default=None,
+    envvar="RELAYBOX_HTTP",
+    metavar="HOST:PORT",
+    help="Serve /metrics, /api/outbox, /healthz and /readyz there (e.g. 127.0.0.1:9464).",
+)
 @click.option("--max-seconds", type=float, default=None, help="Stop after this long.")
 @click.option("--log-level", default="INFO", show_default=True)
 def relay(
@@ -119,7 +141,7 @@ def relay(
     max_attempts: int, circuit_threshold: int, circuit_open: float, circuit_max_open: float,
     idle_interval: float,
     published_retention: float, abandoned_retention: float, cleanup_interval: float,
-    shutdown_timeout: float, max_seconds: float | None, log_level: str,
+    shutdown_timeout: float, http: str | None, max_seconds: float | None, log_level: str,
 ) -> None:  # fmt: skip
     """Deliver committed outbox messages to brokers until SIGTERM or SIGINT."""
     for sig in (signal.SIGTERM, signal.SIGINT):  # until the event loop takes over
@@ -138,7 +160,9 @@ def relay(
             published_retention=published_retention, abandoned_retention=abandoned_retention,
             cleanup_interval=cleanup_interval, shutdown_timeout=shutdown_timeout,
         )  # fmt: skip
+        if http is not None:
+            parse_address(http)  # a bad address fails before anything starts
         engine = Relay(list(databases), parse_brokers(brokers), table=table, settings=settings)
-        asyncio.run(serve(engine, max_seconds=max_seconds))
+        asyncio.run(serve(engine, max_seconds=max_seconds, http=http))
     except RelayboxError as exc:
         raise click.ClickException(str(exc)) from exc

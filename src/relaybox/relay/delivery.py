@@ -19,12 +19,14 @@ import dataclasses
 import logging
 import operator
 import random
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 from relaybox.core.circuit import CircuitBreaker, CircuitState
-from relaybox.core.publishing import Outcome, PublishResult, transient, unavailable
+from relaybox.core.publishing import ACKED, Outcome, PublishResult, transient, unavailable
 from relaybox.core.records import Failure, StoredMessage
 from relaybox.core.retry import RetryPolicy
+from relaybox.core.signals import TargetCounters
 from relaybox.ports import Publisher
 
 logger = logging.getLogger(__name__)
@@ -82,6 +84,8 @@ class Delivery:
         self._retry = retry
         self._timeout = publish_timeout
         self._rng = rng or random.Random()
+        #: Per target, what came of its messages (read by `Relay.target_counters`).
+        self.counters = {target: TargetCounters() for target in publishers}
 
     async def run(
         self,
@@ -121,16 +125,21 @@ class Delivery:
             out.published.append(message.seq)
             return True
         error = result.error or result.outcome.value
+        counters = self.counters[message.target]
         if result.outcome is Outcome.PERMANENT:
+            counters.abandoned += 1
             out.abandoned.append(Failure(message.seq, error))
             return True  # abandoned is final: the key's next message may follow it
         if result.unavailable:  # the target is down (or paused): no fault of the message
+            counters.unavailable += 1
             out.released.append(message.seq)
             return False
         failures = message.attempts + 1
         if self._retry.exhausted(failures):
+            counters.abandoned += 1
             out.abandoned.append(Failure(message.seq, error))
             return True
+        counters.retried += 1
         out.failed.append(Failure(message.seq, error, self._retry.delay(failures, self._rng)))
         return False
 
@@ -161,7 +170,7 @@ class Delivery:
             if not circuit.allow_probe():
                 return [_OPEN] * len(batch)
             try:
-                probe = await self._call(self._publishers[target], batch[:1])
+                probe = await self._call(target, batch[:1])
             except BaseException:  # cancelled: no result, so another probe may go
                 circuit.probe_abandoned()
                 raise
@@ -170,7 +179,7 @@ class Delivery:
                 return [_OPEN] * len(batch)  # a failed probe burns no attempt
             circuit.record_success()
             return [*probe, *await self._publish_target(target, batch[1:])] if batch[1:] else probe
-        results = await self._call(self._publishers[target], batch)
+        results = await self._call(target, batch)
         if any(r.outcome is Outcome.ACKED for r in results):
             circuit.record_success()
             # The broker confirmed others of this call: it is up, so a failure here is
@@ -189,21 +198,43 @@ class Delivery:
                 )  # fmt: skip
         return results
 
-    async def _call(
-        self, publisher: Publisher, batch: list[StoredMessage]
-    ) -> Sequence[PublishResult]:
+    async def _call(self, target: str, batch: list[StoredMessage]) -> Sequence[PublishResult]:
+        started = time.monotonic()
         try:
             async with asyncio.timeout(self._timeout):
-                results = await publisher.publish(batch)
+                results = await self._publishers[target].publish(batch)
         except TimeoutError:
-            return [transient(f"publish timed out after {self._timeout:g}s")] * len(batch)
+            results = [transient(f"publish timed out after {self._timeout:g}s")] * len(batch)
         except Exception as error:  # noqa: BLE001 - any publisher failure is retried later
             logger.warning("publish raised %r", error, extra={"action": "publish_error"})
-            return [transient(f"{type(error).__name__}: {error}")] * len(batch)
+            results = [transient(f"{type(error).__name__}: {error}")] * len(batch)
         if len(results) != len(batch):
-            return [transient("publisher returned a wrong number of results")] * len(batch)
+            results = [transient("publisher returned a wrong number of results")] * len(batch)
+        self._count(target, batch, results, started)
         return results
 
+    def _count(
+        self, target: str, batch: list[StoredMessage], results: Sequence[PublishResult],
+        started: float,
+    ) -> None:  # fmt: skip
+        """Per call, not per message. relaybox's publishers answer success with the one
+        `ACKED`, which `list.count` matches by identity in C (0.4 us for 500); results
+        made elsewhere are counted by their outcome (12 us for 500)."""
+        counters = self.counters[target]
+        counters.publish_seconds.observe(time.monotonic() - started)
+        if not results:
+            return
+        if results[0] is ACKED:
+            acked = results.count(ACKED)
+        else:
+            acked = list(map(_OUTCOME, results)).count(Outcome.ACKED)
+        if acked:
+            counters.acked += acked
+            # The writer's clock, which may be ahead of ours: never a negative lag.
+            lag = time.time() - batch[0].occurred_at.timestamp()
+            counters.lag_seconds.observe(max(0.0, lag))
 
+
+_OUTCOME = operator.attrgetter("outcome")
 #: Not a failure of the message: its target paused.
 _OPEN = unavailable("circuit open")

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from relaybox.core.circuit import CircuitBreaker, CircuitState
 from relaybox.core.records import Claim, StoredMessage
+from relaybox.core.signals import StatsSample, TargetCounters
 from relaybox.errors import RelayboxError
 from relaybox.ports import OutboxStorage, Publisher
 from relaybox.relay.delivery import Delivery, Settlement
@@ -75,6 +76,7 @@ class Processor:
         circuits: Mapping[str, CircuitBreaker],
         settings: RelaySettings,
         worker: str,
+        stats_connection: Callable[[], Awaitable[OutboxStorage]] | None = None,
     ) -> None:
         self.name = name
         self.worker = worker
@@ -113,6 +115,17 @@ class Processor:
         self._settled = asyncio.Event()
         if not settings.partition_leases:
             self._assigned.set()
+        #: time.monotonic() of the last heartbeat that renewed the partitions (None: not
+        #: yet, or row leases).
+        self.heartbeat_at: float | None = None
+        #: The table's counts as last read (see `refresh_stats`); None until asked.
+        self.stats_sample: StatsSample | None = None
+        self._stats_reading: asyncio.Task[None] | None = None
+        self._stats_every: float | None = None
+        #: Opens the connection the counts are read on, when first asked: not the
+        #: housekeeping one, where a count over a large table would hold up heartbeats.
+        self._open_stats = stats_connection
+        self._stats_storage: OutboxStorage | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -121,6 +134,8 @@ class Processor:
         if self._settings.partition_leases:
             self._tasks.append(asyncio.create_task(self._heartbeat_loop()))
         self._tasks.append(asyncio.create_task(self._cleanup_loop()))
+        if self._stats_every is not None:
+            self._tasks.append(asyncio.create_task(self._stats_loop()))
 
     def wake(self) -> None:
         self._waker.wake()
@@ -129,6 +144,60 @@ class Processor:
     def in_flight(self) -> int:
         """Claimed batches being published or settled now."""
         return len(self._deliveries)
+
+    @property
+    def target_counters(self) -> dict[str, TargetCounters]:
+        return self._delivery.counters
+
+    # -- the table's counts, for the operational signals ----------------------------
+
+    async def refresh_stats(self, *, max_age: float, wait: float) -> StatsSample | None:
+        """Read the table's counts again if the last reading is older than `max_age`,
+        waiting for it at most `wait` seconds. A reading that takes longer goes on in
+        the background (a caller that stops waiting does not cancel it; stop() does)
+        and the older sample stays meanwhile."""
+        sample = self.stats_sample
+        age = None if sample is None else sample.age(time.monotonic())
+        if sample is not None and age is not None and age < max_age and sample.error is None:
+            return sample
+        if self._stopping.is_set():
+            return sample
+        reading = self._stats_reading
+        if reading is None or reading.done():
+            reading = self._stats_reading = asyncio.create_task(self._read_stats())
+        await asyncio.wait({reading}, timeout=wait)
+        return self.stats_sample
+
+    async def _read_stats(self) -> None:
+        try:
+            if self._stats_storage is None:
+                opener = self._open_stats
+                self._stats_storage = self._db.housekeeping if opener is None else await opener()
+            stats = await self._stats_storage.stats()
+        except RelayboxError as error:
+            last = self.stats_sample
+            self.stats_sample = StatsSample(
+                last.stats if last else None, last.taken_at if last else None, str(error)
+            )
+            logger.warning("reading the outbox counts failed: %s", error,
+                           extra={"action": "stats"})  # fmt: skip
+        else:
+            self.stats_sample = StatsSample(stats, time.monotonic())
+
+    def sample_stats(self, every: float) -> None:
+        """Read the table's counts every `every` seconds from now on (for exporters
+        that read `stats_sample` between scrapes)."""
+        if not every > 0:
+            raise ValueError("sample the counts every so many seconds, more than 0")
+        first = self._stats_every is None
+        self._stats_every = every
+        if first and self._tasks:  # started already (else start() launches it)
+            self._tasks.append(asyncio.create_task(self._stats_loop()))
+
+    async def _stats_loop(self) -> None:
+        while not self._stopping.is_set() and self._stats_every is not None:
+            await self.refresh_stats(max_age=0.0, wait=self._stats_every)
+            await self._sleep(self._stats_every)
 
     async def stop(self, timeout: float) -> None:
         """Stop claiming; let in-flight batches finish for `timeout`, then release them."""
@@ -150,9 +219,10 @@ class Processor:
             task.cancel()
         if pending:
             await asyncio.wait(pending)
-        for task in self._tasks:
+        reading = [self._stats_reading] if self._stats_reading is not None else []
+        for task in (*self._tasks, *reading):
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *reading, return_exceptions=True)
         if self._settings.partition_leases:
             with contextlib.suppress(RelayboxError):
                 await self._db.housekeeping.leave(self.worker)
@@ -468,7 +538,7 @@ class Processor:
                 if time.monotonic() - last_ok > settings.partition_lease_seconds * 0.9:
                     self._assign(frozenset())  # others may own them by now
             else:
-                last_ok = started
+                last_ok = self.heartbeat_at = started
                 self.metrics.heartbeats += 1
                 self._held_until = started + settings.partition_lease_seconds
                 self._extend_guards()

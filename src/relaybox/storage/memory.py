@@ -27,6 +27,7 @@ from relaybox.core.identifiers import DEFAULT_TABLE, validate_table_name
 from relaybox.core.lifecycle import LIVE_STATES, Status
 from relaybox.core.partitions import DEFAULT_PARTITIONS, rebalance, require_partitions
 from relaybox.core.records import (
+    AbandonedMessage,
     Assignment,
     Claim,
     Failure,
@@ -36,7 +37,7 @@ from relaybox.core.records import (
     StoredMessage,
 )
 from relaybox.errors import StorageIntegrityError
-from relaybox.storage.rows import as_utc
+from relaybox.storage.rows import as_utc, check_listing
 
 Clock = Callable[[], float]
 #: Positions in `InsertRow` of the columns the SQL tables declare NOT NULL.
@@ -94,6 +95,15 @@ class _Row:
             aggregate_id=self.aggregate_id, occurred_at=self.occurred_at,
             attempts=self.attempts,
         )  # fmt: skip
+
+
+def _abandoned(row: _Row) -> AbandonedMessage:
+    return AbandonedMessage(
+        seq=row.seq, id=row.id, target=row.target, topic=row.topic, key=row.key,
+        type=row.type, attempts=row.attempts, last_error=row.last_error,
+        abandoned_at=datetime.datetime.fromtimestamp(row.abandoned_at or 0.0, datetime.UTC),
+        occurred_at=row.occurred_at,
+    )  # fmt: skip
 
 
 def _check(row: InsertRow) -> None:
@@ -393,6 +403,19 @@ class MemoryStorage:
                 row.status, row.attempts, row.available_at = Status.PENDING, 0, now
                 row.abandoned_at = None
         return len(rows)
+
+    async def abandoned(
+        self, *, limit: int, before: int | None = None, target: str | None = None
+    ) -> list[AbandonedMessage]:
+        check_listing(limit)
+        with self._lock:
+            rows = [
+                r for r in self._rows.values()
+                if r.status is Status.ABANDONED and (before is None or r.seq < before)
+                and (target is None or r.target == target)
+            ]  # fmt: skip
+            rows.sort(key=lambda r: r.seq, reverse=True)
+            return [_abandoned(r) for r in rows[:limit]]
 
     async def stats(self) -> OutboxStats:
         with self._lock:

@@ -23,6 +23,7 @@ from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.lifecycle import Status
 from relaybox.core.partitions import DEFAULT_PARTITIONS, Rebalance, rebalance, require_partitions
 from relaybox.core.records import (
+    AbandonedMessage,
     Assignment,
     Claim,
     Failure,
@@ -33,7 +34,7 @@ from relaybox.core.records import (
 )
 from relaybox.errors import StorageError, StorageIntegrityError, StorageOperationalError
 from relaybox.sql.inserts import inserts
-from relaybox.storage.rows import by_seq, lease_token
+from relaybox.storage.rows import by_seq, check_listing, decode_abandoned, lease_token
 from relaybox.storage.urls import DatabaseUrl
 
 T = TypeVar("T")
@@ -420,6 +421,17 @@ class MySQLStorage:
 
     async def replay(self, seqs: Sequence[int]) -> int:
         return await self._update("replay", seqs)
+
+    async def abandoned(
+        self, *, limit: int, before: int | None = None, target: str | None = None
+    ) -> list[AbandonedMessage]:
+        args = [before, before, target, target, check_listing(limit)]
+        query = self._queries["abandoned"]
+
+        async def read(driver: _Driver) -> list[AbandonedMessage]:
+            return [decode_abandoned(row) for row in await driver.fetch(query, args)]
+
+        return await self._run(read)
 
     async def stats(self) -> OutboxStats:
         async def read(driver: _Driver) -> OutboxStats:

@@ -25,6 +25,7 @@ from relaybox.core.partitions import (
     require_partitions,
 )
 from relaybox.core.records import (
+    AbandonedMessage,
     Assignment,
     Claim,
     Failure,
@@ -40,7 +41,15 @@ from relaybox.errors import (
     StorageOperationalError,
 )
 from relaybox.sql.inserts import inserts
-from relaybox.storage.rows import by_seq, decode, decode_exact, lease_token, readable
+from relaybox.storage.rows import (
+    by_seq,
+    check_listing,
+    decode,
+    decode_abandoned,
+    decode_exact,
+    lease_token,
+    readable,
+)
 from relaybox.storage.urls import DatabaseUrl
 
 T = TypeVar("T")
@@ -327,6 +336,12 @@ class PostgresStorage:
 
     async def replay(self, seqs: Sequence[int]) -> int:
         return int(await self._run("replay", [list(seqs)], rows=False))
+
+    async def abandoned(
+        self, *, limit: int, before: int | None = None, target: str | None = None
+    ) -> list[AbandonedMessage]:
+        args = [before, target, check_listing(limit)]
+        return [decode_abandoned(row) for row in await self._run("abandoned", args, rows=True)]
 
     async def stats(self) -> OutboxStats:
         counts = {

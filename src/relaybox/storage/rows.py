@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from relaybox.core.records import StoredMessage
+from relaybox.core.records import AbandonedMessage, StoredMessage
 
 #: The column order every backend's claim returns (PostgreSQL's read adds `blocked`).
 CLAIM_COLUMNS = (
@@ -114,3 +114,20 @@ def readable(
             continue
         taken.append(message)
     return taken
+
+
+def decode_abandoned(row: Sequence[Any]) -> AbandonedMessage:
+    """A row of the `abandoned` queries (seq, id, target, topic, key, type, attempts,
+    last_error, abandoned_at, occurred_at)."""
+    seq, id_, target, topic, key, type_, attempts, error, abandoned_at, occurred_at = row
+    return AbandonedMessage(
+        seq=int(seq), id=id_ if type(id_) is uuid.UUID else uuid.UUID(str(id_)),
+        target=target, topic=topic, key=key, type=type_, attempts=int(attempts),
+        last_error=error, abandoned_at=as_utc(abandoned_at), occurred_at=as_utc(occurred_at),
+    )  # fmt: skip
+
+
+def check_listing(limit: int) -> int:
+    if limit < 0:
+        raise ValueError("limit must not be negative")
+    return int(limit)

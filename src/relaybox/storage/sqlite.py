@@ -28,6 +28,7 @@ from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.lifecycle import Status
 from relaybox.core.partitions import DEFAULT_PARTITIONS, Rebalance, rebalance, require_partitions
 from relaybox.core.records import (
+    AbandonedMessage,
     Assignment,
     Claim,
     Failure,
@@ -43,7 +44,7 @@ from relaybox.errors import (
     StorageOperationalError,
 )
 from relaybox.sql.inserts import inserts
-from relaybox.storage.rows import by_seq, decode, lease_token
+from relaybox.storage.rows import by_seq, check_listing, decode, decode_abandoned, lease_token
 from relaybox.storage.urls import DatabaseUrl
 
 BUSY_TIMEOUT_MS = 5000
@@ -252,6 +253,12 @@ class SQLiteStorage:
 
     async def replay(self, seqs: Sequence[int]) -> int:
         return await self._execute("replay", [_json(seqs)])
+
+    async def abandoned(
+        self, *, limit: int, before: int | None = None, target: str | None = None
+    ) -> list[AbandonedMessage]:
+        args = [before, before, target, target, check_listing(limit)]
+        return [decode_abandoned(row) for row in await self._fetch("abandoned", args)]
 
     async def stats(self) -> OutboxStats:
         counts = {Status(status): int(n) for status, n in await self._fetch("count_by_status")}

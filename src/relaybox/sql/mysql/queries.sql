@@ -206,6 +206,15 @@ UPDATE {table}
 SET status = 'pending', attempts = 0, available_at = UTC_TIMESTAMP(6), abandoned_at = NULL
 WHERE status = 'abandoned' AND seq IN ({seqs});
 
+-- name: abandoned
+-- Abandoned rows, newest first: seq below which to list (NULL: from the newest), twice;
+-- target (NULL: any), twice; limit.
+SELECT seq, id, target, topic, `key`, type, attempts, last_error, abandoned_at, occurred_at
+FROM {table}
+WHERE status = 'abandoned' AND (%s IS NULL OR seq < %s) AND (%s IS NULL OR target = %s)
+ORDER BY seq DESC
+LIMIT %s;
+
 -- name: count_by_status
 SELECT status, COUNT(*) FROM {table} GROUP BY status;
 

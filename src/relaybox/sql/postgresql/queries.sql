@@ -316,6 +316,19 @@ SELECT b.seq, b.last_error, b.id, b.target, b.external, b.topic, b.key, b.partit
     b.aggregate_id, b.occurred_at, b.created_at
 FROM back b;
 
+-- name: abandoned
+-- Abandoned rows (they live in {table}_done since 0007), newest first: $1 seq below
+-- which to list (NULL: from the newest), $2 target (NULL: any), $3 limit. The
+-- abandoned_at test lets the purge's partial index find them among published rows kept
+-- under a retention.
+SELECT seq, id, target, topic, key, type, attempts, last_error, abandoned_at, occurred_at
+FROM {table}_done
+WHERE abandoned_at IS NOT NULL AND status = 'abandoned'
+  AND ($1::bigint IS NULL OR seq < $1::bigint)
+  AND ($2::text IS NULL OR target = $2::text)
+ORDER BY seq DESC
+LIMIT $3::integer;
+
 -- name: schema_ready
 -- Checked when a storage connects: the table of finished rows exists. Before migration
 -- 0007 finished rows stayed in {table}, and this relaybox's reads, which take every row

@@ -223,6 +223,15 @@ SET status = 'pending', attempts = 0, available_at = strftime('%Y-%m-%d %H:%M:%f
     abandoned_at = NULL
 WHERE status = 'abandoned' AND seq IN (SELECT value FROM json_each(?));
 
+-- name: abandoned
+-- Abandoned rows, newest first: seq below which to list (NULL: from the newest), twice;
+-- target (NULL: any), twice; limit.
+SELECT seq, id, target, topic, "key", type, attempts, last_error, abandoned_at, occurred_at
+FROM {table}
+WHERE status = 'abandoned' AND (? IS NULL OR seq < ?) AND (? IS NULL OR target = ?)
+ORDER BY seq DESC
+LIMIT ?;
+
 -- name: count_by_status
 SELECT status, count(*) FROM {table} GROUP BY status;
 

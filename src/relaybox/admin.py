@@ -1,0 +1,105 @@
+"""What an operator asks of an outbox table without a relay: `relaybox status`,
+`relaybox abandoned` and `relaybox replay` (seed 000: investigate abandoned messages
+before cleanup removes the evidence, then replay them).
+
+Each call opens its own storage on the table and closes it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+
+from relaybox.core.lifecycle import Status
+from relaybox.core.records import AbandonedMessage, OutboxStats
+from relaybox.errors import ConfigurationError
+from relaybox.ports import OutboxStorage
+from relaybox.storage import open_storage
+
+#: Rows listed, or replayed, per query.
+PAGE = 500
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Alert when a signal passes its limit (None: no limit); seed 002's alerts."""
+
+    max_pending: int | None = None
+    max_failed: int | None = None
+    max_abandoned: int | None = None
+    max_oldest_age: float | None = None
+
+    def breaches(self, stats: OutboxStats) -> list[str]:
+        found = []
+        checks = (
+            ("pending", stats.pending, self.max_pending),
+            ("failed (waiting for a retry)", stats.failed, self.max_failed),
+            ("abandoned", stats.abandoned, self.max_abandoned),
+        )
+        for name, value, limit in checks:
+            if limit is not None and value > limit:
+                found.append(f"{value} {name}, more than {limit}")
+        age = stats.oldest_pending_age
+        if self.max_oldest_age is not None and age is not None and age > self.max_oldest_age:
+            found.append(f"the oldest pending message has waited {age:.1f} s, "
+                         f"more than {self.max_oldest_age:g} s")  # fmt: skip
+        return found
+
+
+@contextlib.asynccontextmanager
+async def _opened(db_url: str, table: str) -> AsyncIterator[OutboxStorage]:
+    storage = await open_storage(db_url, table=table)
+    try:
+        yield storage
+    finally:
+        await storage.close()
+
+
+async def table_stats(db_url: str, table: str) -> OutboxStats:
+    async with _opened(db_url, table) as storage:
+        return await storage.stats()
+
+
+async def list_abandoned(
+    db_url: str, table: str, *, limit: int, target: str | None = None
+) -> list[AbandonedMessage]:
+    """The newest `limit` abandoned messages (of `target`), newest first."""
+    if limit < 1:
+        raise ConfigurationError("--limit must be at least 1")
+    async with _opened(db_url, table) as storage:
+        return await storage.abandoned(limit=limit, target=target)
+
+
+async def replay(
+    db_url: str, table: str, *, seqs: Sequence[int] = (), every: bool = False,
+    target: str | None = None,
+) -> int:  # fmt: skip
+    """Make abandoned rows pending again with a fresh attempt count: those of `seqs`,
+    or with `every`, all of them (of `target`). Returns how many were replayed; a seq
+    that is not abandoned (published, pending, gone) is left alone."""
+    if seqs and every:
+        raise ConfigurationError("replay the seqs given or every abandoned message, not both")
+    if not seqs and not every:
+        raise ConfigurationError("name the seqs of abandoned messages to replay, or all of them")
+    async with _opened(db_url, table) as storage:
+        if seqs:
+            return await storage.replay(sorted(seqs))
+        found: list[int] = []
+        before = None
+        while page := await storage.abandoned(limit=PAGE, before=before, target=target):
+            before = page[-1].seq
+            found += (m.seq for m in page)
+        # Oldest first: when a key's later message becomes pending, its earlier one
+        # already is (or is published), so the relay still sends them in order. Newest
+        # first, a later message could go out before its predecessor was replayed.
+        found.sort()
+        replayed = 0
+        for start in range(0, len(found), PAGE):
+            replayed += await storage.replay(found[start : start + PAGE])
+        return replayed
+
+
+def counts(stats: OutboxStats) -> dict[str, int]:
+    """Every status, zeros included, in lifecycle order."""
+    return {status.value: stats.counts.get(status, 0) for status in Status}

@@ -1,0 +1,140 @@
+"""`relaybox status`, `relaybox abandoned` and `relaybox replay` on real tables."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from relaybox import Message
+from relaybox.cli import main
+from relaybox.core.records import Failure, Routing
+from relaybox.migrations import migrate
+from relaybox.storage import open_storage
+from tests.databases import PG_URL, drop, sqlite_url, unique_table
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def outbox(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[str, str, dict[str, int]]]:
+    """A table with three messages: a and c abandoned (c to the 'partner' target), b pending."""
+    url = PG_URL if request.param == "postgresql" else sqlite_url(tmp_path / "ops.db")
+    table = unique_table("ops")
+    seqs = asyncio.run(_fill(url, table))
+    try:
+        yield url, table, seqs
+    finally:
+        drop(url, table)
+
+
+async def _fill(url: str, table: str) -> dict[str, int]:
+    await migrate(url, table=table)
+    storage = await open_storage(url, table=table)
+    try:
+        routing = Routing.of(["default", "partner"], ["default"])
+        messages = [Message(topic="orders", key="a"), Message(topic="orders", key="b"),
+                    Message(topic="orders", key="c", targets=["partner"])]  # fmt: skip
+        await storage.write(routing.rows(messages))
+        await storage.heartbeat("w1", partitions=64, lease_seconds=30)
+        seqs = {m.key or "": m.seq for m in await storage.read(limit=10)}
+        failures = [Failure(seqs["a"], "NOT_FOUND: no stream"), Failure(seqs["c"], "too large")]
+        await storage.settle_owned("w1", abandoned=failures)
+        await storage.leave("w1")
+        return seqs
+    finally:
+        await storage.close()
+
+
+def _cli(*args: str, stdin: str | None = None) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args), input=stdin)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_status_shows_every_count_and_alerts_past_a_limit(
+    outbox: tuple[str, str, dict[str, int]],
+) -> None:
+    url, table, _ = outbox
+    code, out, _ = _cli("status", "--db", url, "--table", table, "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["counts"] == {"pending": 1, "processing": 0, "published": 0, "failed": 0,
+                                "abandoned": 2}  # fmt: skip
+    assert report["alerts"] == []
+    code, out, err = _cli("status", "--db", url, "--table", table, "--max-abandoned", "1")
+    assert code == 1
+    assert "abandoned" in out
+    assert "ALERT: 2 abandoned, more than 1" in err
+
+
+def test_abandoned_lists_the_errors_newest_first(
+    outbox: tuple[str, str, dict[str, int]],
+) -> None:
+    url, table, seqs = outbox
+    code, out, _ = _cli("abandoned", "--db", url, "--table", table, "--json")
+    assert code == 0, out
+    listed = json.loads(out)
+    assert [(m["seq"], m["key"], m["target"], m["last_error"], m["attempts"]) for m in listed] == [
+        (seqs["c"], "c", "partner", "too large", 1),
+        (seqs["a"], "a", "default", "NOT_FOUND: no stream", 1),
+    ]
+    code, out, _ = _cli("abandoned", "--db", url, "--table", table, "--target", "default")
+    assert code == 0
+    assert "NOT_FOUND: no stream" in out
+    assert "too large" not in out
+
+
+def test_replay_by_seq_then_all(outbox: tuple[str, str, dict[str, int]]) -> None:
+    url, table, seqs = outbox
+    code, out, _ = _cli("replay", "--db", url, "--table", table, str(seqs["a"]))
+    assert (code, out.strip()) == (0, "replayed 1 message(s)")
+    code, out, _ = _cli("replay", "--db", url, "--table", table, "--all", stdin="n\n")
+    assert code == 1  # declined: nothing replayed
+    code, out, _ = _cli("abandoned", "--db", url, "--table", table, "--json")
+    assert [m["key"] for m in json.loads(out)] == ["c"]
+    code, out, _ = _cli("replay", "--db", url, "--table", table, "--all", "--yes")
+    assert (code, out.strip()) == (0, "replayed 1 message(s)")
+    code, out, _ = _cli("status", "--db", url, "--table", table, "--json")
+    assert json.loads(out)["counts"]["pending"] == 3
+    code, _, err = _cli("replay", "--db", url, "--table", table)
+    assert code == 1
+    assert "name the seqs" in err
+
+
+def test_status_exits_2_when_it_cannot_read_the_table() -> None:
+    code, _, err = _cli("status", "--db", "postgresql://postgres@127.0.0.1:1/test")
+    assert code == 2
+    assert "127.0.0.1" in err
+
+
+async def test_replay_all_goes_oldest_first_page_by_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    """So that a key's later message never becomes pending before its earlier one."""
+    from relaybox import admin
+    from relaybox.storage.memory import MemoryStorage
+
+    storage = MemoryStorage()
+    await storage.write(Routing().rows([Message(topic="t", key=f"k{n % 7}") for n in range(1200)]))
+    await storage.heartbeat("w1", partitions=64, lease_seconds=30)
+    read = await storage.read(limit=2000)
+    await storage.settle_owned("w1", abandoned=[Failure(m.seq, "no") for m in read])
+    calls: list[list[int]] = []
+    replay = storage.replay
+
+    async def recorded(seqs: list[int]) -> int:
+        calls.append(list(seqs))
+        return await replay(seqs)
+
+    async def opened(url: str, *, table: str) -> MemoryStorage:
+        return storage
+
+    monkeypatch.setattr(storage, "replay", recorded)
+    monkeypatch.setattr(storage, "close", lambda: asyncio.sleep(0))
+    monkeypatch.setattr(admin, "open_storage", opened)
+    assert await admin.replay("memory://", "t", every=True) == 1200
+    flat = [seq for call in calls for seq in call]
+    assert flat == sorted(m.seq for m in read)
+    assert len(calls) == 3  # pages of 500
