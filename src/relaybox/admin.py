@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
-from relaybox.core.lifecycle import Status
 from relaybox.core.records import AbandonedMessage, OutboxStats
 from relaybox.errors import ConfigurationError
 from relaybox.ports import OutboxStorage
@@ -98,8 +97,3 @@ async def replay(
         for start in range(0, len(found), PAGE):
             replayed += await storage.replay(found[start : start + PAGE])
         return replayed
-
-
-def counts(stats: OutboxStats) -> dict[str, int]:
-    """Every status, zeros included, in lifecycle order."""
-    return {status.value: stats.counts.get(status, 0) for status in Status}

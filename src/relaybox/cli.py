@@ -69,17 +69,19 @@ def schema(dialect: sql.Dialect, table: str | None, inbox: bool) -> None:
 T = TypeVar("T")
 
 
-def _run(work: Coroutine[Any, Any, T]) -> T:
-    try:
-        return asyncio.run(work)
-    except RelayboxError as exc:
-        raise click.ClickException(str(exc)) from exc
-
-
 class _Unreadable(click.ClickException):
     """`relaybox status` could not read the table: 2, where a passed limit is 1."""
 
     exit_code = 2
+
+
+def _run(
+    work: Coroutine[Any, Any, T], error: type[click.ClickException] = click.ClickException
+) -> T:
+    try:
+        return asyncio.run(work)
+    except RelayboxError as exc:
+        raise error(str(exc)) from exc
 
 
 _DB = click.option("--db", "db_url", required=True, envvar="RELAYBOX_DB", help="Database URL.")
@@ -104,21 +106,18 @@ def status(
     """The outbox's signals: counts by status, the oldest pending age, leases. Exits 1
     when a --max-* limit is passed and 2 when the table cannot be read (a check for cron
     or a probe)."""
-    try:
-        stats = asyncio.run(admin.table_stats(db_url, table))
-    except RelayboxError as exc:
-        raise _Unreadable(str(exc)) from exc
+    stats = _run(admin.table_stats(db_url, table), _Unreadable)
     limits = admin.Thresholds(max_pending, max_failed, max_abandoned, max_age)
     alerts = limits.breaches(stats)
     if as_json:
         click.echo(json.dumps({
-            "table": table, "counts": admin.counts(stats),
+            "table": table, "counts": stats.by_status(),
             "oldest_pending_age_seconds": stats.oldest_pending_age,
             "active_leases": stats.active_leases, "alerts": alerts,
         }, indent=2))  # fmt: skip
     else:
         click.echo(f"{table} on {DatabaseUrl.parse(db_url).masked}")
-        for name, count in admin.counts(stats).items():
+        for name, count in stats.by_status().items():
             click.echo(f"  {name:<15} {count:>10}")
         age = stats.oldest_pending_age
         click.echo(f"  {'oldest pending':<15} {'-' if age is None else f'{age:.1f} s':>10}")

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import sqlite3
 import warnings
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
@@ -119,16 +119,12 @@ class _SQLite:
         return {int(row[0]) for row in rows}
 
 
-def _pick(wanted: str | None, choices: Sequence[str], purpose: str) -> str:
-    """The driver the URL names, or else the first of `choices` that is installed."""
-    if wanted is not None:
-        if not installed(wanted):
-            raise missing(wanted, purpose)
-        return wanted
-    for choice in choices:
-        if installed(choice):
-            return choice
-    raise missing(choices[0], purpose)
+def _pick(url: DatabaseUrl, purpose: str) -> str:
+    """The client library the URL names, or else the first installed of its dialect's."""
+    for client in url.clients:
+        if installed(client):
+            return client
+    raise missing(url.clients[0], purpose)
 
 
 @contextlib.asynccontextmanager
@@ -138,15 +134,11 @@ async def _locked(url: DatabaseUrl, table: str) -> AsyncIterator[_Ddl]:
     lock_name = f"relaybox_migrate:{table}"
     purpose = f"migrating {url.masked}"
     if url.dialect == "postgresql":
-        named = url.driver if url.driver in ("asyncpg", "psycopg") else None
-        driver = _pick(named, ("asyncpg", "psycopg"), purpose)
-        async with _postgres(url, driver) as ddl:
+        async with _postgres(url, _pick(url, purpose)) as ddl:
             await _postgres_lock(ddl, lock_name)
             yield ddl  # closing the session releases the advisory lock
     elif url.dialect == "mysql":
-        named = url.driver if url.driver in ("aiomysql", "asyncmy") else None
-        driver = _pick(named, ("aiomysql", "asyncmy"), purpose)
-        async with _mysql(url, driver) as ddl:
+        async with _mysql(url, _pick(url, purpose)) as ddl:
             async with ddl.connection.cursor() as cursor:
                 await cursor.execute("SELECT GET_LOCK(%s, 60)", (lock_name,))
                 (granted,) = await cursor.fetchone()

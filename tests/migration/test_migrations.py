@@ -15,45 +15,37 @@ from relaybox import sql
 from relaybox.migrations import migrate
 from tests.databases import MYSQL_URL, PG_URL, drop, sqlite_url, unique_table
 
+#: What the PostgreSQL catalog says of a table (each query takes the table's name) and of
+#: the enum types and functions its migrations made (each takes a LIKE pattern of names
+#: starting with it): their definitions, bodies included (the claim and the read live there).
+_PG_TABLE_CATALOG = (
+    "SELECT column_name, data_type, udt_name, is_nullable, column_default, is_identity,"
+    " collation_name, ordinal_position FROM information_schema.columns"
+    " WHERE table_name = %s ORDER BY ordinal_position",
+    "SELECT indexdef FROM pg_indexes WHERE tablename = %s ORDER BY indexname",
+    "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %s::regclass"
+    " ORDER BY conname",
+    "SELECT reloptions FROM pg_class WHERE oid = %s::regclass",
+    "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = %s::regclass"
+    " AND NOT tgisinternal ORDER BY tgname",
+)
+_PG_NAMED_CATALOG = (
+    "SELECT t.typname, string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)"
+    " FROM pg_type t JOIN pg_enum e ON e.enumtypid = t.oid"
+    " WHERE t.typname LIKE %s GROUP BY t.typname ORDER BY t.typname",
+    "SELECT pg_get_functiondef(p.oid) FROM pg_proc p WHERE p.proname LIKE %s"
+    " ORDER BY p.proname, pg_get_function_identity_arguments(p.oid)",
+)
+
 
 def _pg_catalog(table: str) -> list[tuple[object, ...]]:
     with psycopg.connect(PG_URL) as conn:
-        columns = conn.execute(
-            "SELECT column_name, data_type, udt_name, is_nullable, column_default, is_identity,"
-            " collation_name, ordinal_position FROM information_schema.columns"
-            " WHERE table_name = %s ORDER BY ordinal_position",
-            (table,),
-        ).fetchall()
-        indexes = conn.execute(
-            "SELECT indexdef FROM pg_indexes WHERE tablename = %s ORDER BY indexname", (table,)
-        ).fetchall()
-        checks = conn.execute(
-            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %s::regclass"
-            " ORDER BY conname",
-            (table,),
-        ).fetchall()
-        options = conn.execute(
-            "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", (table,)
-        ).fetchall()
-        triggers = conn.execute(
-            "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = %s::regclass"
-            " AND NOT tgisinternal ORDER BY tgname",
-            (table,),
-        ).fetchall()
-        # The enum types and functions the table's migrations made: their definitions,
-        # bodies included (the claim and the read live there).
-        enums = conn.execute(
-            "SELECT t.typname, string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)"
-            " FROM pg_type t JOIN pg_enum e ON e.enumtypid = t.oid"
-            " WHERE t.typname LIKE %s GROUP BY t.typname ORDER BY t.typname",
-            (table + "\\_%",),
-        ).fetchall()
-        functions = conn.execute(
-            "SELECT pg_get_functiondef(p.oid) FROM pg_proc p WHERE p.proname LIKE %s"
-            " ORDER BY p.proname, pg_get_function_identity_arguments(p.oid)",
-            (table + "\\_%",),
-        ).fetchall()
-    catalog = (*columns, *indexes, *checks, *options, *triggers, *enums, *functions)
+        catalog = [
+            row
+            for queries, arg in ((_PG_TABLE_CATALOG, table), (_PG_NAMED_CATALOG, table + "\\_%"))
+            for query in queries
+            for row in conn.execute(query, (arg,)).fetchall()
+        ]
     return [tuple(str(v).replace(table, "T") for v in row) for row in catalog]
 
 

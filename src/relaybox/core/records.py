@@ -177,6 +177,11 @@ class OutboxStats:
     def abandoned(self) -> int:
         return self.counts.get(Status.ABANDONED, 0)
 
+    def by_status(self) -> dict[str, int]:
+        """Every status, zeros included, in lifecycle order (a report whose keys never
+        come and go with the table's contents)."""
+        return {status.value: self.counts.get(status, 0) for status in Status}
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Assignment:

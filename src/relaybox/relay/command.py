@@ -37,9 +37,11 @@ def parse_brokers(values: tuple[str, ...]) -> dict[str, str]:
     return brokers
 
 
-async def serve(relay: Relay, *, max_seconds: float | None = None, http: str | None = None) -> None:
+async def serve(
+    relay: Relay, *, max_seconds: float | None = None, http: tuple[str, int] | None = None
+) -> None:
     """Run until a signal (or `max_seconds`), then stop gracefully; with `http`
-    (HOST:PORT), serve the status endpoints there meanwhile."""
+    (host, port), serve the status endpoints there meanwhile."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -49,13 +51,13 @@ async def serve(relay: Relay, *, max_seconds: float | None = None, http: str | N
     server = None
     try:
         if http is not None:  # bound first: a port in use stops us before we join
-            server = StatusServer(relay, *parse_address(http))
+            server = StatusServer(relay, *http)
             await server.start()
             relay.sample_stats(STATS_EVERY)
         await relay.start()
         click.echo(f"relay {relay.worker} running; targets: {', '.join(relay.publishers)}")
         if server is not None:
-            click.echo(f"status endpoints on http://{http} (/metrics, /api/outbox, /healthz)")
+            click.echo(f"status endpoints on {server.url} (/metrics, /api/outbox, /healthz)")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), max_seconds)
     finally:
@@ -160,9 +162,8 @@ def relay(
             published_retention=published_retention, abandoned_retention=abandoned_retention,
             cleanup_interval=cleanup_interval, shutdown_timeout=shutdown_timeout,
         )  # fmt: skip
-        if http is not None:
-            parse_address(http)  # a bad address fails before anything starts
+        address = None if http is None else parse_address(http)  # fails before anything starts
         engine = Relay(list(databases), parse_brokers(brokers), table=table, settings=settings)
-        asyncio.run(serve(engine, max_seconds=max_seconds, http=http))
+        asyncio.run(serve(engine, max_seconds=max_seconds, http=address))
     except RelayboxError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -14,13 +14,12 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from relaybox.core.circuit import CircuitBreaker, CircuitState
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.ids import instance_name
-from relaybox.core.lifecycle import Status
 from relaybox.core.message import Message
 from relaybox.core.signals import StatsSample, TargetCounters
 from relaybox.errors import ConfigurationError
@@ -235,9 +234,7 @@ class Relay:
         problems = []
         now = time.monotonic()
         lease = self.settings.partition_lease_seconds
-        for processor in self.processors:
-            if not self.settings.partition_leases:
-                continue
+        for processor in self.processors if self.settings.partition_leases else ():
             if processor.heartbeat_at is None:
                 problems.append(f"{processor.name}: no partition heartbeat has succeeded yet")
             elif now - processor.heartbeat_at > lease:
@@ -257,8 +254,9 @@ class Relay:
         now = time.monotonic()
         databases = {p.name: self._database_status(i, p, now)
                      for i, p in enumerate(self.processors)}  # fmt: skip
-        targets = {name: _target_status(counters, self.circuits[name].state)
-                   for name, counters in self.target_counters().items()}  # fmt: skip
+        counters = self.target_counters()
+        targets = {name: _target_status(counted, self.circuits[name].state)
+                   for name, counted in counters.items()}  # fmt: skip
         problems = self.readiness()
         return {
             "worker": self.worker,
@@ -266,9 +264,7 @@ class Relay:
             "uptime_seconds": None if self.started_at is None else time.time() - self.started_at,
             "ready": not problems,
             "problems": problems,
-            "signals": _signals(
-                [p.stats_sample for p in self.processors], list(self.target_counters().values())
-            ),
+            "signals": _signals([p.stats_sample for p in self.processors], counters.values()),
             "databases": databases,
             "targets": targets,
         }
@@ -294,7 +290,7 @@ def _sample_status(sample: StatsSample | None, now: float) -> dict[str, Any] | N
         return None
     stats = sample.stats
     return {
-        "counts": None if stats is None else {s.value: stats.counts.get(s, 0) for s in Status},
+        "counts": None if stats is None else stats.by_status(),
         "oldest_pending_age_seconds": None if stats is None else stats.oldest_pending_age,
         "active_leases": None if stats is None else stats.active_leases,
         "sample_age_seconds": sample.age(now),
@@ -315,7 +311,9 @@ def _target_status(counters: TargetCounters, state: CircuitState) -> dict[str, A
     }
 
 
-def _signals(samples: list[StatsSample | None], targets: list[TargetCounters]) -> dict[str, Any]:
+def _signals(
+    samples: list[StatsSample | None], targets: Iterable[TargetCounters]
+) -> dict[str, Any]:
     """Seed 000's four: pending, failed (waiting for a retry), retry rate, abandoned;
     with the oldest pending age. Counts are None until a table was read."""
     read = [s.stats for s in samples if s is not None and s.stats is not None]

@@ -73,8 +73,7 @@ class StatusServer:
             raise ConfigurationError(
                 f"cannot serve the status endpoints on {self._host}:{self._port}: {error}"
             ) from error
-        logger.info("status endpoints on http://%s:%d", self._host, self.port,
-                    extra={"action": "http_start"})  # fmt: skip
+        logger.info("status endpoints on %s", self.url, extra={"action": "http_start"})
 
     @property
     def port(self) -> int:
@@ -82,6 +81,11 @@ class StatusServer:
         if self._server is None or not self._server.sockets:
             return self._port
         return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self._host}]" if ":" in self._host else self._host  # IPv6
+        return f"http://{host}:{self.port}"
 
     async def close(self) -> None:
         """Stop listening and end the requests being served (before the relay stops,

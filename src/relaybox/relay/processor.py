@@ -76,7 +76,7 @@ class Processor:
         circuits: Mapping[str, CircuitBreaker],
         settings: RelaySettings,
         worker: str,
-        stats_connection: Callable[[], Awaitable[OutboxStorage]] | None = None,
+        stats_connection: Callable[[], Awaitable[OutboxStorage]],
     ) -> None:
         self.name = name
         self.worker = worker
@@ -115,13 +115,11 @@ class Processor:
         self._settled = asyncio.Event()
         if not settings.partition_leases:
             self._assigned.set()
-        #: time.monotonic() of the last heartbeat that renewed the partitions (None: not
-        #: yet, or row leases).
-        self.heartbeat_at: float | None = None
         #: The table's counts as last read (see `refresh_stats`); None until asked.
         self.stats_sample: StatsSample | None = None
         self._stats_reading: asyncio.Task[None] | None = None
-        self._stats_every: float | None = None
+        #: Seconds between readings of the counts; 0: none unless asked.
+        self._stats_every = 0.0
         #: Opens the connection the counts are read on, when first asked: not the
         #: housekeeping one, where a count over a large table would hold up heartbeats.
         self._open_stats = stats_connection
@@ -134,7 +132,7 @@ class Processor:
         if self._settings.partition_leases:
             self._tasks.append(asyncio.create_task(self._heartbeat_loop()))
         self._tasks.append(asyncio.create_task(self._cleanup_loop()))
-        if self._stats_every is not None:
+        if self._stats_every:
             self._tasks.append(asyncio.create_task(self._stats_loop()))
 
     def wake(self) -> None:
@@ -144,6 +142,14 @@ class Processor:
     def in_flight(self) -> int:
         """Claimed batches being published or settled now."""
         return len(self._deliveries)
+
+    @property
+    def heartbeat_at(self) -> float | None:
+        """time.monotonic() of the last heartbeat that renewed the partitions (None: not
+        yet, or row leases): it is what their lease is held from."""
+        if not self._held_until:
+            return None
+        return self._held_until - self._settings.partition_lease_seconds
 
     @property
     def target_counters(self) -> dict[str, TargetCounters]:
@@ -171,8 +177,7 @@ class Processor:
     async def _read_stats(self) -> None:
         try:
             if self._stats_storage is None:
-                opener = self._open_stats
-                self._stats_storage = self._db.housekeeping if opener is None else await opener()
+                self._stats_storage = await self._open_stats()
             stats = await self._stats_storage.stats()
         except RelayboxError as error:
             last = self.stats_sample
@@ -189,13 +194,13 @@ class Processor:
         that read `stats_sample` between scrapes)."""
         if not every > 0:
             raise ValueError("sample the counts every so many seconds, more than 0")
-        first = self._stats_every is None
+        first = not self._stats_every
         self._stats_every = every
         if first and self._tasks:  # started already (else start() launches it)
             self._tasks.append(asyncio.create_task(self._stats_loop()))
 
     async def _stats_loop(self) -> None:
-        while not self._stopping.is_set() and self._stats_every is not None:
+        while not self._stopping.is_set():
             await self.refresh_stats(max_age=0.0, wait=self._stats_every)
             await self._sleep(self._stats_every)
 
@@ -538,7 +543,7 @@ class Processor:
                 if time.monotonic() - last_ok > settings.partition_lease_seconds * 0.9:
                     self._assign(frozenset())  # others may own them by now
             else:
-                last_ok = self.heartbeat_at = started
+                last_ok = started
                 self.metrics.heartbeats += 1
                 self._held_until = started + settings.partition_lease_seconds
                 self._extend_guards()

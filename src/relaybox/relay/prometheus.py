@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 from relaybox.core.circuit import CircuitState
 from relaybox.core.extras import needs_extras
-from relaybox.core.lifecycle import Status
 from relaybox.core.signals import Histogram
 
 with needs_extras("Prometheus metrics"):
@@ -128,10 +127,8 @@ class RelayCollector(Collector):
                 age.add_metric([processor.name], sample_age)
             if sample.stats is None:
                 continue
-            for status in Status:  # every status, 0 included, so a series never vanishes
-                messages.add_metric(
-                    [processor.name, status.value], sample.stats.counts.get(status, 0)
-                )
+            for status, count in sample.stats.by_status().items():  # zeros: no vanishing series
+                messages.add_metric([processor.name, status], count)
             if sample.stats.oldest_pending_age is not None:
                 oldest.add_metric([processor.name], sample.stats.oldest_pending_age)
             leases.add_metric([processor.name], sample.stats.active_leases)

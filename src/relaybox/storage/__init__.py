@@ -12,9 +12,8 @@ from relaybox.storage.urls import DatabaseUrl
 async def open_storage(url: str, *, table: str = DEFAULT_TABLE) -> OutboxStorage:
     """Connect to the outbox at `url`: postgresql://, mysql://, sqlite:///path, memory://."""
     parsed = DatabaseUrl.parse(url)
-    driver = driver_module(parsed)
-    if driver is not None and not installed(driver):
-        raise missing(driver, f"the database URL {parsed.masked}")
+    if parsed.clients and not installed(parsed.clients[0]):  # the storage's: the preferred
+        raise missing(parsed.clients[0], f"the database URL {parsed.masked}")
     if parsed.dialect == "postgresql":
         from relaybox.storage.postgres import PostgresStorage
 
@@ -32,14 +31,3 @@ async def open_storage(url: str, *, table: str = DEFAULT_TABLE) -> OutboxStorage
 
         return MemoryStorage(table=table)
     raise ConfigurationError(f"no storage for {parsed.masked}")  # pragma: no cover
-
-
-def driver_module(url: DatabaseUrl) -> str | None:
-    """The client library the relay's storage uses for `url` (None: the memory one)."""
-    if url.dialect == "postgresql":
-        return "psycopg" if url.driver == "psycopg" else "asyncpg"
-    if url.dialect == "mysql":
-        return "asyncmy" if url.driver == "asyncmy" else "aiomysql"
-    if url.dialect == "sqlite":
-        return "aiosqlite"
-    return None

@@ -23,6 +23,15 @@ _SCHEMES: dict[str, tuple[str, str | None]] = {
 }
 
 
+#: The async client libraries relaybox speaks, per dialect, preferred first.
+_DIALECT_CLIENTS: dict[str, tuple[str, ...]] = {
+    "postgresql": ("asyncpg", "psycopg"),
+    "mysql": ("aiomysql", "asyncmy"),
+    "sqlite": ("aiosqlite",),
+}
+_CLIENTS = frozenset(c for clients in _DIALECT_CLIENTS.values() for c in clients)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class DatabaseUrl:
     url: str
@@ -67,6 +76,15 @@ class DatabaseUrl:
             database=database,
             query=dict(urllib.parse.parse_qsl(parts.query)),
         )
+
+    @property
+    def clients(self) -> tuple[str, ...]:
+        """The client libraries relaybox reaches this database through, preferred first:
+        the one the URL names, or every one relaybox speaks for the dialect (none for
+        memory://)."""
+        if self.driver in _CLIENTS:
+            return (self.driver,)
+        return _DIALECT_CLIENTS.get(self.dialect, ())
 
     @property
     def masked(self) -> str:
