@@ -3,7 +3,7 @@
 No database and no relay: `--messages` stored messages shaped like `relaybox bench`'s
 (keys round-robin, a JSON payload of `--payload-bytes`, no headers of their own) go to
 the publisher in calls of `--batch`, `--in-flight` calls at a time, as the relay's
-delivery does; then `relaybox.bench_raw.<broker>.publish_raw` runs bare and with the
+delivery does; then `relaybox.tools.bench_raw.<broker>.publish_raw` runs bare and with the
 envelope. Each of the three is run `--rounds` times, interleaved; prints the rates of
 every round, this process's CPU time per message (less noisy than the rate on a
 shared machine: it leaves out the time spent waiting for the broker), and their medians

@@ -9,7 +9,7 @@ Three processes besides PostgreSQL and NATS, so no one's CPU hides in another's:
 - **the relay**: one `relaybox relay` subprocess with default settings (plus
   `--relay-args`), on a fresh table (`soak_<hex>`) of the shared PostgreSQL
   (`RELAYBOX_BENCH_PG`, default postgresql://postgres@127.0.0.1:5432/test), publishing to
-  a private NATS server (`relaybox.embedded_nats.EmbeddedNats`) whose JetStream stream
+  a private NATS server (`relaybox.tools.embedded_nats.EmbeddedNats`) whose JetStream stream
   for the soak's subject exists before the relay starts. This is the process measured.
 - **the writers** (`--writers` `multiprocessing` children, 4 by default, so a slow
   COMMIT does not hold up the next transaction): `Outbox.add` of `--batch` messages per
@@ -86,11 +86,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PG_URL, cpu_seconds, machine
 
 from relaybox import Message, Outbox
-from relaybox.bench import SIDE_TABLES, percentiles
 from relaybox.consumers.nats import decode
 from relaybox.core.identifiers import index_prefix
-from relaybox.embedded_nats import EmbeddedNats
 from relaybox.migrations import migrate
+from relaybox.tools.bench import SIDE_TABLES, percentiles
+from relaybox.tools.embedded_nats import EmbeddedNats
 
 SAMPLE_SECONDS = 10.0
 FIRST_MINUTE = 60.0

@@ -45,8 +45,8 @@ __version__ = "0.1.0"
 
 if _TYPE_CHECKING:
     from relaybox.inbox import Consumer, Inbox, Processed
+    from relaybox.observability.http import StatusServer
     from relaybox.relay import Relay, RelaySettings, RelayThread
-    from relaybox.relay.http import StatusServer
 
 #: The relay and the inbox pull in asyncio and more (~60 ms of imports); a service that
 #: only writes messages should not pay for them, so these load on first use.
@@ -54,7 +54,7 @@ _LAZY = {
     "Relay": "relaybox.relay",
     "RelaySettings": "relaybox.relay",
     "RelayThread": "relaybox.relay",
-    "StatusServer": "relaybox.relay.http",
+    "StatusServer": "relaybox.observability.http",
     "Consumer": "relaybox.inbox",
     "Inbox": "relaybox.inbox",
     "Processed": "relaybox.inbox",

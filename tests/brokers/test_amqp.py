@@ -24,13 +24,13 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.exceptions import AMQPError
 
-from relaybox.bench_raw import amqp as bench_raw
 from relaybox.consumers.amqp import decode
 from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
 from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError
 from relaybox.publishers import amqp, open_publisher
 from relaybox.publishers.options import BrokerUrl
+from relaybox.tools.bench_raw import amqp as bench_raw
 from tests.brokers.conformance import PublisherConformance, first_copies, outcomes, started
 from tests.brokers.harness import (
     Received,

@@ -270,7 +270,7 @@ async def test_start_fails_clearly_without_a_broker() -> None:
 
 
 async def test_the_raw_bench_loop_publishes_every_message(shared: KafkaHarness) -> None:
-    from relaybox.bench_raw import kafka as raw
+    from relaybox.tools.bench_raw import kafka as raw
 
     topic = unique_topic()
     url = shared.url

@@ -23,12 +23,12 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from relaybox.bench_raw import mqtt as bench_raw
 from relaybox.consumers.mqtt import decode
 from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
 from relaybox.errors import BrokerUnavailableError, ConfigurationError, EnvelopeError
 from relaybox.publishers import mqtt, open_publisher
+from relaybox.tools.bench_raw import mqtt as bench_raw
 from tests.brokers.conformance import PublisherConformance, outcomes, started
 from tests.brokers.harness import (
     Received,
@@ -362,7 +362,7 @@ async def test_bench_raw_publishes_confirmed_messages() -> None:
 
 
 async def test_bench_raw_carries_the_envelope_as_user_properties() -> None:
-    from relaybox.bench_raw import broker_limit, sample_attributes
+    from relaybox.tools.bench_raw import broker_limit, sample_attributes
 
     topic = unique_topic()
     async with MqttHarness(SHARED_URL) as harness:

@@ -24,15 +24,15 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StreamConfig
 
-from relaybox.bench_raw import nats as bench_nats
-from relaybox.bench_raw.nats import stream_name
 from relaybox.consumers.nats import decode
 from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
-from relaybox.embedded_nats import EmbeddedNats
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
 from relaybox.publishers import nats_protocol, open_publisher
 from relaybox.publishers.nats import NatsPublisher, wire_headers, wire_size
+from relaybox.tools.bench_raw import nats as bench_nats
+from relaybox.tools.bench_raw.nats import stream_name
+from relaybox.tools.embedded_nats import EmbeddedNats
 from tests.brokers.conformance import PublisherConformance, outcomes, started
 from tests.brokers.harness import (
     Received,

@@ -198,7 +198,7 @@ def test_parses_its_url_options() -> None:
 
 
 async def test_the_raw_bench_loop_publishes_every_message(shared: RedisHarness) -> None:
-    from relaybox.bench_raw import redis as raw
+    from relaybox.tools.bench_raw import redis as raw
 
     topic = unique_topic()
     shared.keys.add(topic)

@@ -3,7 +3,7 @@
 `ThrowawayPostgres` runs its own PostgreSQL 15 cluster (initdb into a temporary
 directory, as the postgres user, on a free port) that a test can crash and start again;
 `Proxy` forwards one TCP port to another and can cut every connection through it, refuse
-new ones for a while, or slow them down. NATS comes from `relaybox.embedded_nats`.
+new ones for a while, or slow them down. NATS comes from `relaybox.tools.embedded_nats`.
 """
 
 from __future__ import annotations

@@ -43,8 +43,8 @@ from nats.js.api import StorageType, StreamConfig
 
 from relaybox import Consumer, Inbox, Incoming, Message, Outbox
 from relaybox.consumers.nats import NatsConsumer
-from relaybox.embedded_nats import EmbeddedNats
 from relaybox.migrations import migrate
+from relaybox.tools.embedded_nats import EmbeddedNats
 from tests.chaos.checker import Delivered, Report, Written, check
 from tests.chaos.cluster import Proxy, ThrowawayPostgres
 from tests.databases import fetch_all

@@ -21,13 +21,13 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
 
-from relaybox.bench_raw.nats import stream_name
 from relaybox.consumers import BrokerConsumer
 from relaybox.consumers.nats import NatsConsumer, decode
 from relaybox.core.records import StoredMessage
-from relaybox.embedded_nats import EmbeddedNats
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
 from relaybox.inbox import Consumer
+from relaybox.tools.bench_raw.nats import stream_name
+from relaybox.tools.embedded_nats import EmbeddedNats
 from tests.brokers.harness import free_port, stored, unique_topic
 from tests.consumers.conformance import ConsumerConformance
 from tests.consumers.harness import ConsumerHarness

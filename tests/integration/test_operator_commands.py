@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from relaybox import Message
-from relaybox.cli import main
+from relaybox.cli.main import main
 from relaybox.core.records import Failure, Routing
 from relaybox.migrations import migrate
 from relaybox.storage import open_storage
@@ -113,7 +113,7 @@ def test_status_exits_2_when_it_cannot_read_the_table() -> None:
 
 async def test_replay_all_goes_oldest_first_page_by_page(monkeypatch: pytest.MonkeyPatch) -> None:
     """So that a key's later message never becomes pending before its earlier one."""
-    from relaybox import admin
+    from relaybox.operations import admin
     from relaybox.storage.memory import MemoryStorage
 
     storage = MemoryStorage()

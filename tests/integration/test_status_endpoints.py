@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from relaybox import Message, Relay, RelaySettings, RetryPolicy
 from relaybox.core.circuit import CircuitPolicy
 from relaybox.core.records import Routing
+from relaybox.observability.http import StatusServer, parse_address
 from relaybox.publishers.memory import MemoryPublisher
-from relaybox.relay.http import StatusServer, parse_address
 from relaybox.storage.memory import MemoryStorage
 
 SETTINGS = RelaySettings(
@@ -159,7 +159,7 @@ async def test_unknown_paths_and_methods_are_refused(running: Running) -> None:
 async def test_a_client_that_sends_nothing_is_dropped_and_others_are_served(
     running: Running, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("relaybox.relay.http.REQUEST_TIMEOUT", 0.2)
+    monkeypatch.setattr("relaybox.observability.http.REQUEST_TIMEOUT", 0.2)
     reader, writer = await asyncio.open_connection("127.0.0.1", running.server.port)
     assert await running.get("/healthz") == (200, "ok\n")  # served meanwhile
     answer = await asyncio.wait_for(reader.read(), 5)

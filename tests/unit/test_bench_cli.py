@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from relaybox.cli import main
+from relaybox.cli.main import main
 
 
 def test_bench_drains_and_times_a_small_sqlite_outbox(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from relaybox import sql
-from relaybox.cli import main
+from relaybox.cli.main import main
 
 
 def test_schema_prints_ddl_for_each_dialect() -> None:

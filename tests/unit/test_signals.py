@@ -4,6 +4,7 @@ import pytest
 
 from relaybox import Relay
 from relaybox.core.signals import Histogram, TargetCounters
+from relaybox.observability.snapshot import snapshot
 from relaybox.publishers.memory import MemoryPublisher
 from relaybox.storage.memory import MemoryStorage
 
@@ -32,6 +33,6 @@ def test_the_retry_rate_is_the_share_of_attempts_tried_again() -> None:
 async def test_a_relay_that_is_not_running_is_not_ready() -> None:
     relay = Relay(MemoryStorage(), {"default": MemoryPublisher()})
     assert relay.readiness() == ["the relay is not running"]
-    status = await relay.status()
+    status = await snapshot(relay)
     assert status["ready"] is False
     assert status["signals"]["pending"] is None  # no table read yet

@@ -2,7 +2,7 @@
 
 Plain numbers bumped on the event loop and read when someone asks (`/metrics`,
 `/api/outbox`): nothing is exported, locked or allocated per message. Exporters
-(`relaybox.relay.prometheus`) turn them into their own format when scraped.
+(`relaybox.observability.prometheus`) turn them into their own format when scraped.
 """
 
 from __future__ import annotations

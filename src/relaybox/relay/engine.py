@@ -11,17 +11,16 @@ breakers, so a broken broker pauses its target in every database at once.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from relaybox.core.circuit import CircuitBreaker, CircuitState
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.ids import instance_name
 from relaybox.core.message import Message
-from relaybox.core.signals import StatsSample, TargetCounters
+from relaybox.core.signals import TargetCounters
 from relaybox.errors import ConfigurationError
 from relaybox.ports import OutboxStorage, Publisher
 from relaybox.publishers import open_publisher
@@ -198,7 +197,7 @@ class Relay:
     def circuit_states(self) -> dict[str, CircuitState]:
         return {name: circuit.state for name, circuit in self.circuits.items()}
 
-    # -- operational signals (seed 000): relaybox.relay.http and .prometheus read these
+    # -- operational signals (seed 000): relaybox.observability.http and .prometheus read these
 
     def target_counters(self) -> dict[str, TargetCounters]:
         """Per target, what came of its messages, over every database."""
@@ -247,88 +246,13 @@ class Relay:
                 problems.append(f"target {target}: circuit open (the broker keeps failing)")
         return problems
 
-    async def status(self, max_age: float = 5.0) -> dict[str, Any]:
-        """Every signal as plain data (`GET /api/outbox`): seed 000's four signals
-        over all databases, then per database and per target."""
-        await self.refresh_stats(max_age=max_age)
-        now = time.monotonic()
-        databases = {p.name: self._database_status(i, p, now)
-                     for i, p in enumerate(self.processors)}  # fmt: skip
-        counters = self.target_counters()
-        targets = {name: _target_status(counted, self.circuits[name].state)
-                   for name, counted in counters.items()}  # fmt: skip
-        problems = self.readiness()
-        return {
-            "worker": self.worker,
-            "table": self.table,
-            "uptime_seconds": None if self.started_at is None else time.time() - self.started_at,
-            "ready": not problems,
-            "problems": problems,
-            "signals": _signals([p.stats_sample for p in self.processors], counters.values()),
-            "databases": databases,
-            "targets": targets,
-        }
-
-    def _database_status(self, index: int, processor: Processor, now: float) -> dict[str, Any]:
-        database = self._databases[index]
-        sample = processor.stats_sample
-        return {
-            "url": DatabaseUrl.parse(database).masked if isinstance(database, str) else None,
-            "partitions_held": None if processor.partitions is None else len(processor.partitions),
-            "partition_count": self.settings.partitions,
-            "batches_in_flight": processor.in_flight,
-            "last_heartbeat_seconds_ago": (
-                None if processor.heartbeat_at is None else now - processor.heartbeat_at
-            ),
-            "counters": dataclasses.asdict(processor.metrics),
-            "outbox": _sample_status(sample, now),
-        }
-
-
-def _sample_status(sample: StatsSample | None, now: float) -> dict[str, Any] | None:
-    if sample is None:
-        return None
-    stats = sample.stats
-    return {
-        "counts": None if stats is None else stats.by_status(),
-        "oldest_pending_age_seconds": None if stats is None else stats.oldest_pending_age,
-        "active_leases": None if stats is None else stats.active_leases,
-        "sample_age_seconds": sample.age(now),
-        "error": sample.error,
-    }
-
-
-def _target_status(counters: TargetCounters, state: CircuitState) -> dict[str, Any]:
-    return {
-        "circuit": state.value,
-        "acked": counters.acked,
-        "retried": counters.retried,
-        "abandoned": counters.abandoned,
-        "unavailable": counters.unavailable,
-        "retry_rate": counters.retry_rate,
-        "publish_calls": counters.publish_seconds.count,
-        "publish_seconds_total": counters.publish_seconds.sum,
-    }
-
-
-def _signals(
-    samples: list[StatsSample | None], targets: Iterable[TargetCounters]
-) -> dict[str, Any]:
-    """Seed 000's four: pending, failed (waiting for a retry), retry rate, abandoned;
-    with the oldest pending age. Counts are None until a table was read."""
-    read = [s.stats for s in samples if s is not None and s.stats is not None]
-    total = TargetCounters()
-    for counters in targets:
-        total = total.merged(counters)
-    ages = [s.oldest_pending_age for s in read if s.oldest_pending_age is not None]
-    counted = bool(read) and len(read) == len(samples)
-    return {
-        "pending": sum(s.pending for s in read) if counted else None,
-        "failed": sum(s.failed for s in read) if counted else None,
-        "retry_rate": total.retry_rate,
-        "abandoned": sum(s.abandoned for s in read) if counted else None,
-        "oldest_pending_age_seconds": max(ages, default=None) if counted else None,
-    }
+    @property
+    def database_urls(self) -> list[str | None]:
+        """Each database's URL with its password masked (None: a storage given as an
+        object), in the order of `processors`."""
+        return [
+            DatabaseUrl.parse(d).masked if isinstance(d, str) else None for d in self._databases
+        ]
 
 
 class _Subscribable(Protocol):

@@ -4,7 +4,7 @@
 relay in its own process and already exposes a registry adds them there:
 
     from prometheus_client import REGISTRY
-    from relaybox.relay.prometheus import RelayCollector
+    from relaybox.observability.prometheus import RelayCollector
 
     REGISTRY.register(RelayCollector(relay))
     relay.sample_stats(every=15.0)   # keep the table's counts fresh between scrapes

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from relaybox.errors import ConfigurationError, MissingDependencyError
+from relaybox.observability.snapshot import snapshot
 
 if TYPE_CHECKING:
     from relaybox.relay.engine import Relay
@@ -146,14 +147,14 @@ class StatusServer:
 
     async def _metrics(self) -> Response:
         try:
-            from relaybox.relay.prometheus import CONTENT_TYPE, render
+            from relaybox.observability.prometheus import CONTENT_TYPE, render
         except MissingDependencyError as error:
             return 501, "text/plain; charset=utf-8", f"{error}\n".encode()
         await self._relay.refresh_stats()
         return 200, CONTENT_TYPE, render(self._relay)
 
     async def _outbox(self) -> Response:
-        status = await self._relay.status()
+        status = await snapshot(self._relay)
         return 200, "application/json", _json(status)
 
     async def _health(self) -> Response:

@@ -14,8 +14,8 @@ from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.partitions import DEFAULT_PARTITIONS
 from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError, RelayboxError
+from relaybox.observability.http import StatusServer, parse_address
 from relaybox.relay.engine import Relay
-from relaybox.relay.http import StatusServer, parse_address
 from relaybox.relay.settings import RelaySettings
 
 _early_signal: list[int] = []

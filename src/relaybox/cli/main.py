@@ -3,24 +3,45 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
 import click
 
-from relaybox import admin, sql
-from relaybox.bench import bench
+from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_INBOX, DEFAULT_TABLE
-from relaybox.demo import demo
 from relaybox.errors import RelayboxError
 from relaybox.migrations import migrate as run_migrations
-from relaybox.relay.command import relay
+from relaybox.operations import admin
 from relaybox.storage.urls import DatabaseUrl
 
 
-@click.group()
+class _LazyGroup(click.Group):
+    """Commands whose module is imported only when the command is asked for: running a
+    relay or a migration loads neither the benchmark nor the demo."""
+
+    LAZY: Mapping[str, str] = {
+        "relay": "relaybox.cli.relay:relay",
+        "bench": "relaybox.tools.bench:bench",
+        "demo": "relaybox.tools.demo:demo",
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.LAZY])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = self.LAZY.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module, name = target.split(":")
+        command: click.Command = getattr(importlib.import_module(module), name)
+        return command
+
+
+@click.group(cls=_LazyGroup)
 @click.version_option(package_name="relaybox")
 def main() -> None:
     """relaybox: a transactional outbox and inbox."""
@@ -175,8 +196,3 @@ def replay(
         click.confirm(f"Replay {which} abandoned message in {table}?", abort=True)
     count = _run(admin.replay(db_url, table, seqs=seqs, every=every, target=target))
     click.echo(f"replayed {count} message(s)")
-
-
-main.add_command(demo)
-main.add_command(relay)
-main.add_command(bench)

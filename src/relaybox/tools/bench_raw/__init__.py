@@ -28,9 +28,9 @@ def module_for(url: str) -> types.ModuleType | None:
     if name is None:
         return None
     try:
-        return importlib.import_module(f"relaybox.bench_raw.{name}")
+        return importlib.import_module(f"relaybox.tools.bench_raw.{name}")
     except ModuleNotFoundError as error:
-        if error.name == f"relaybox.bench_raw.{name}":
+        if error.name == f"relaybox.tools.bench_raw.{name}":
             return None
         raise
 

@@ -36,7 +36,6 @@ from typing import Any, Protocol
 
 import click
 
-from relaybox import bench_raw
 from relaybox.core.identifiers import index_prefix, validate_table_name
 from relaybox.core.message import DEFAULT_TARGET, Message
 from relaybox.core.payload import encode_payload
@@ -51,6 +50,7 @@ from relaybox.relay.engine import Relay
 from relaybox.relay.settings import RelaySettings
 from relaybox.storage import open_storage
 from relaybox.storage.urls import DatabaseUrl
+from relaybox.tools import bench_raw
 from relaybox.writer.outbox import Outbox
 
 DEFAULT_DB = "postgresql://postgres@127.0.0.1:5432/test"

@@ -123,7 +123,7 @@ async def broker_for(url: str | None) -> AsyncIterator[str]:
     if url is not None:
         yield url
         return
-    from relaybox.embedded_nats import EmbeddedNats
+    from relaybox.tools.embedded_nats import EmbeddedNats
 
     async with EmbeddedNats() as server:
         yield server.url

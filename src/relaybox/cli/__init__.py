@@ -1,0 +1,1 @@
+"""The `relaybox` command line: `relaybox.cli.main:main` is the entry point."""

@@ -1,0 +1,103 @@
+"""The JSON of `GET /api/outbox`: every signal of a running relay as plain data.
+
+The operational signals first (pending, failed and waiting for a retry, the retry rate,
+abandoned, and the oldest pending age) over every database, then per database and per
+target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from relaybox.core.circuit import CircuitState
+from relaybox.core.signals import StatsSample, TargetCounters
+
+if TYPE_CHECKING:
+    from relaybox.relay.engine import Relay
+    from relaybox.relay.processor import Processor
+
+
+async def snapshot(relay: Relay, max_age: float = 5.0) -> dict[str, Any]:
+    """`relay`'s signals now, the table's counts read again where older than `max_age`."""
+    await relay.refresh_stats(max_age=max_age)
+    now = time.monotonic()
+    urls = relay.database_urls
+    databases = {p.name: _database(relay, p, url, now)
+                 for p, url in zip(relay.processors, urls, strict=False)}  # fmt: skip
+    counters = relay.target_counters()
+    targets = {name: _target(counted, relay.circuits[name].state)
+               for name, counted in counters.items()}  # fmt: skip
+    problems = relay.readiness()
+    return {
+        "worker": relay.worker,
+        "table": relay.table,
+        "uptime_seconds": None if relay.started_at is None else time.time() - relay.started_at,
+        "ready": not problems,
+        "problems": problems,
+        "signals": _signals([p.stats_sample for p in relay.processors], counters.values()),
+        "databases": databases,
+        "targets": targets,
+    }
+
+
+def _database(relay: Relay, processor: Processor, url: str | None, now: float) -> dict[str, Any]:
+    return {
+        "url": url,
+        "partitions_held": None if processor.partitions is None else len(processor.partitions),
+        "partition_count": relay.settings.partitions,
+        "batches_in_flight": processor.in_flight,
+        "last_heartbeat_seconds_ago": (
+            None if processor.heartbeat_at is None else now - processor.heartbeat_at
+        ),
+        "counters": dataclasses.asdict(processor.metrics),
+        "outbox": _sample(processor.stats_sample, now),
+    }
+
+
+def _sample(sample: StatsSample | None, now: float) -> dict[str, Any] | None:
+    if sample is None:
+        return None
+    stats = sample.stats
+    return {
+        "counts": None if stats is None else stats.by_status(),
+        "oldest_pending_age_seconds": None if stats is None else stats.oldest_pending_age,
+        "active_leases": None if stats is None else stats.active_leases,
+        "sample_age_seconds": sample.age(now),
+        "error": sample.error,
+    }
+
+
+def _target(counters: TargetCounters, state: CircuitState) -> dict[str, Any]:
+    return {
+        "circuit": state.value,
+        "acked": counters.acked,
+        "retried": counters.retried,
+        "abandoned": counters.abandoned,
+        "unavailable": counters.unavailable,
+        "retry_rate": counters.retry_rate,
+        "publish_calls": counters.publish_seconds.count,
+        "publish_seconds_total": counters.publish_seconds.sum,
+    }
+
+
+def _signals(
+    samples: list[StatsSample | None], targets: Iterable[TargetCounters]
+) -> dict[str, Any]:
+    """Pending, failed (waiting for a retry), the retry rate and abandoned, with the
+    oldest pending age. Counts are None until every table was read."""
+    read = [s.stats for s in samples if s is not None and s.stats is not None]
+    total = TargetCounters()
+    for counters in targets:
+        total = total.merged(counters)
+    ages = [s.oldest_pending_age for s in read if s.oldest_pending_age is not None]
+    counted = bool(read) and len(read) == len(samples)
+    return {
+        "pending": sum(s.pending for s in read) if counted else None,
+        "failed": sum(s.failed for s in read) if counted else None,
+        "retry_rate": total.retry_rate,
+        "abandoned": sum(s.abandoned for s in read) if counted else None,
+        "oldest_pending_age_seconds": max(ages, default=None) if counted else None,
+    }
