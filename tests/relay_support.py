@@ -14,10 +14,10 @@ from relaybox.core.circuit import CircuitPolicy
 from relaybox.core.lifecycle import Status
 from relaybox.core.records import Routing
 from relaybox.core.retry import RetryPolicy
-from relaybox.ports import OutboxStorage
 from relaybox.relay import RelaySettings
 from relaybox.storage import open_storage
 from relaybox.storage.memory import MemoryStorage
+from relaybox.storage.sql import SqlStorage
 from tests.databases import (
     MYSQL_URL,
     PG_URL,
@@ -27,6 +27,9 @@ from tests.databases import (
     sqlite_url,
     unique_table,
 )
+
+#: What open_storage returns: every storage port at once.
+AnyStorage = SqlStorage | MemoryStorage
 
 RELAY_BACKENDS = ["postgresql", "mysql", "sqlite", "memory"]
 
@@ -47,11 +50,11 @@ class OutboxDB:
     name: str
     url: str
     table: str
-    storage: OutboxStorage  # for writing and inspecting
+    storage: AnyStorage  # for writing and inspecting
     routing: Routing
 
     @property
-    def database(self) -> str | OutboxStorage:
+    def database(self) -> str | AnyStorage:
         return self.storage if self.name == "memory" else self.url
 
     async def write(self, messages: Iterable[Message]) -> None:
@@ -67,7 +70,7 @@ async def outbox_db(
     url = backend_url(name, tmp_path)
     table = unique_table("relay")
     if name == "memory":
-        storage: OutboxStorage = MemoryStorage(table=table)
+        storage: AnyStorage = MemoryStorage(table=table)
     else:
         try:
             await create(url, table)

@@ -38,7 +38,14 @@ from relaybox.errors import (
     UnknownTargetError,
     UnsupportedConnectionError,
 )
-from relaybox.ports import OutboxStorage, Publisher
+from relaybox.ports import (
+    OperatorStorage,
+    PartitionStorage,
+    Publisher,
+    RowLeaseStorage,
+    Storage,
+    TableWriter,
+)
 from relaybox.writer import Outbox
 
 __version__ = "0.1.0"
@@ -87,10 +94,11 @@ __all__ = [
     "MessageError",
     "MigrationError",
     "MissingDependencyError",
+    "OperatorStorage",
     "Outbox",
     "OutboxStats",
-    "OutboxStorage",
     "Outcome",
+    "PartitionStorage",
     "PayloadNotSerializableError",
     "PayloadTooLargeError",
     "Processed",
@@ -101,13 +109,16 @@ __all__ = [
     "RelayThread",
     "RelayboxError",
     "RetryPolicy",
+    "RowLeaseStorage",
     "SchemaError",
     "Status",
     "StatusServer",
+    "Storage",
     "StorageError",
     "StorageIntegrityError",
     "StorageOperationalError",
     "StoredMessage",
+    "TableWriter",
     "Target",
     "UnknownTargetError",
     "UnsupportedConnectionError",

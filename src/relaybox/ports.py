@@ -1,8 +1,11 @@
 """The seams between relaybox's core and the outside world.
 
-The relay engine talks to storage only through `OutboxStorage`; it never imports a
-database driver. Every backend, the in-memory one included, passes one conformance
-suite (tests/conformance).
+Storage is split by job, so that each user of a table sees only what it needs: a relay
+that holds partition leases (`PartitionStorage`), a relay that leases each row
+(`RowLeaseStorage`), an operator (`OperatorStorage`), and tools that write rows of their
+own (`TableWriter`). Every backend serves all four, and one conformance suite
+(tests/conformance) holds every backend, the in-memory one included, to them. The relay
+engine never imports a database driver.
 """
 
 from __future__ import annotations
@@ -25,13 +28,78 @@ from relaybox.core.records import (
 
 
 @runtime_checkable
-class OutboxStorage(Protocol):
-    """What the relay needs from an outbox table. All times use the database's clock."""
+class Storage(Protocol):
+    """An outbox table through connections the storage opened itself. All times use
+    the database's clock."""
 
     table: str
 
-    async def write(self, rows: Sequence[InsertRow]) -> None:
-        """Insert rows in a transaction of the storage's own (tests, tools, demos)."""
+    async def close(self) -> None:
+        """Release the connections the storage opened."""
+
+
+@runtime_checkable
+class PartitionStorage(Storage, Protocol):
+    """What a relay needs that holds partitions by lease (the default): it alone may
+    publish their rows, so it reads them without writing and settles each batch in one
+    atomic step, fenced by the partitions it still holds."""
+
+    async def read(
+        self,
+        *,
+        limit: int,
+        partitions: Sequence[int] | None = None,
+        targets: Sequence[str] | None = None,
+        partition_count: int = DEFAULT_PARTITIONS,
+        in_flight: Sequence[StoredMessage] = (),
+    ) -> list[StoredMessage]:
+        """Up to `limit` due rows of `partitions` (of `partition_count`; a row's
+        partition is its stored key hash modulo the count; None: all) and `targets`
+        (None: all), oldest first, in per-key order, writing nothing.
+
+        Rows `in_flight` (read earlier, not settled yet) are left out, and so is every
+        row whose (target, key) has an earlier row in flight, waiting (a delay or a
+        backoff) or claimed by a row-lease relay. Keys with a waiting head never use up
+        `limit` for the others, however long their backlog. Rows come in seq order.
+        """
+
+    async def settle(
+        self,
+        worker: str,
+        *,
+        partition_count: int = DEFAULT_PARTITIONS,
+        failed: Sequence[Failure] = (),
+        abandoned: Sequence[Failure] = (),
+        published: Sequence[int] = (),
+        delete: bool = True,
+    ) -> Settled:
+        """Record, atomically, what happened to rows `worker` read: count a failed
+        attempt (due again after `retry_in`), abandon, publish (delete, or keep with
+        `delete=False`). Only live rows in partitions `worker` holds are changed: one
+        that lost a partition changes nothing there (the fence of `read`)."""
+
+    async def heartbeat(
+        self, worker: str, *, partitions: int, lease_seconds: float, busy: Collection[int] = ()
+    ) -> Assignment:
+        """Keep `worker` a live member and rebalance partitions 0..partitions-1.
+
+        In one transaction: extend the worker's membership and the leases of the
+        partitions it holds by `lease_seconds`; give back the partitions beyond its fair
+        share (ceil(partitions / live members)), highest first, except those `busy`
+        (rows in flight: kept, renewed and reported `draining` until a later heartbeat);
+        take free or expired partitions, lowest first, up to the share. A process that
+        stops heartbeating loses its partitions when their lease runs out, and the
+        others take them over.
+        """
+
+    async def leave(self, worker: str) -> None:
+        """Give back every partition `worker` holds and end its membership at once."""
+
+
+@runtime_checkable
+class RowLeaseStorage(Storage, Protocol):
+    """What a relay needs that leases each row (run without partition leases): a claim
+    moves rows to processing under a token, and every mark is fenced by it."""
 
     async def claim(
         self,
@@ -46,44 +114,10 @@ class OutboxStorage(Protocol):
         """Lease up to `limit` due rows, oldest first, keeping per-(target, key) order.
 
         A row is handed out only if no earlier row of its (target, key) is still live
-        outside this claim, so two workers can never publish one key out of order.
-        `partitions` are of `partition_count` (a row's partition is its stored hash
-        modulo the count); None means all. For relays without partition leases.
+        outside this claim, so two workers can never publish one key out of order. A
+        row whose lease ran out is taken again. `partitions` and `targets` as in
+        `PartitionStorage.read`.
         """
-
-    async def read(
-        self,
-        *,
-        limit: int,
-        partitions: Sequence[int] | None = None,
-        targets: Sequence[str] | None = None,
-        partition_count: int = DEFAULT_PARTITIONS,
-        in_flight: Sequence[StoredMessage] = (),
-    ) -> list[StoredMessage]:
-        """Up to `limit` due rows of `partitions`, oldest first, in per-key order,
-        writing nothing: for a relay that holds these partitions by lease.
-
-        Rows `in_flight` (read earlier, not settled yet) are left out,
-        and so is every row whose (target, key) has an earlier row in flight, waiting (a
-        delay or a backoff) or claimed by a row-lease relay. Keys with a waiting head
-        never use up `limit` for the others, however long their backlog. Rows come in
-        seq order.
-        """
-
-    async def settle_owned(
-        self,
-        worker: str,
-        *,
-        partition_count: int = DEFAULT_PARTITIONS,
-        failed: Sequence[Failure] = (),
-        abandoned: Sequence[Failure] = (),
-        published: Sequence[int] = (),
-        delete: bool = True,
-    ) -> Settled:
-        """Record, atomically, what happened to rows `worker` read: count a failed
-        attempt (due again after `retry_in`), abandon, publish (delete, or keep with
-        `delete=False`). Only live rows in partitions `worker` holds are changed: one
-        that lost a partition changes nothing there (the fence of `read`)."""
 
     async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
         """Record success for rows still held under `token`; others are left alone."""
@@ -100,8 +134,24 @@ class OutboxStorage(Protocol):
     async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
         """Extend the lease of rows still held under `token`."""
 
-    async def recover_expired(self) -> int:
-        """Return rows whose lease has run out to pending."""
+
+@runtime_checkable
+class OperatorStorage(Storage, Protocol):
+    """What operators (and the relay's housekeeping) need: counts, the abandoned rows,
+    replay, and the purge of finished rows past their retention."""
+
+    async def stats(self) -> OutboxStats:
+        """Counts by status, the age of the oldest due row, and active leases."""
+
+    async def abandoned(
+        self, *, limit: int, before: int | None = None, target: str | None = None
+    ) -> list[AbandonedMessage]:
+        """Abandoned rows, newest (highest seq) first: up to `limit` of those with a
+        seq below `before` (None: from the newest), of `target` (None: any)."""
+
+    async def replay(self, seqs: Sequence[int]) -> int:
+        """Abandoned rows become pending with a fresh attempt count, under their own
+        seq (so a key's order holds when its rows are replayed oldest first)."""
 
     async def purge(
         self,
@@ -112,37 +162,14 @@ class OutboxStorage(Protocol):
     ) -> int:
         """Delete finished rows past their retention, in batches of `batch_size`."""
 
-    async def replay(self, seqs: Sequence[int]) -> int:
-        """Operator replay: abandoned rows become pending with a fresh attempt count."""
 
-    async def abandoned(
-        self, *, limit: int, before: int | None = None, target: str | None = None
-    ) -> list[AbandonedMessage]:
-        """Abandoned rows, newest (highest seq) first: up to `limit` of those with a
-        seq below `before` (None: from the newest), of `target` (None: any)."""
+@runtime_checkable
+class TableWriter(Storage, Protocol):
+    """Rows written by the storage itself, for tools, tests and demos (services write
+    through `relaybox.Outbox`, in their own transaction)."""
 
-    async def stats(self) -> OutboxStats:
-        """Counts by status, the age of the oldest due row, and active leases."""
-
-    async def heartbeat(
-        self, worker: str, *, partitions: int, lease_seconds: float, busy: Collection[int] = ()
-    ) -> Assignment:
-        """Keep `worker` a live member and rebalance partitions 0..partitions-1 (seed 002).
-
-        In one transaction: extend the worker's membership and the leases of the
-        partitions it holds by `lease_seconds`; give back the partitions beyond its fair
-        share (ceil(partitions / live members)), highest first, except those `busy`
-        (rows in flight: kept, renewed and reported `draining` until a later heartbeat);
-        take free or expired partitions, lowest first, up to the share. A process that
-        stops heartbeating loses its partitions when their lease runs out, and the
-        others take them over.
-        """
-
-    async def leave(self, worker: str) -> None:
-        """Give back every partition `worker` holds and end its membership at once."""
-
-    async def close(self) -> None:
-        """Release connections the storage opened itself."""
+    async def write(self, rows: Sequence[InsertRow]) -> None:
+        """Insert rows in one transaction of the storage's own."""
 
 
 @runtime_checkable

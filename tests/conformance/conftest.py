@@ -8,18 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from relaybox.ports import OutboxStorage
 from relaybox.storage import open_storage
+from relaybox.storage.memory import MemoryStorage
+from relaybox.storage.sql import SqlStorage
 from tests.databases import MYSQL_URL, PG_URL, create, drop, sqlite_url, unique_table
 
 BACKENDS = ["postgresql", "postgresql+psycopg", "mysql", "sqlite", "memory"]
+
+#: What open_storage returns: every storage port at once.
+AnyStorage = SqlStorage | MemoryStorage
 
 
 @dataclasses.dataclass
 class Backend:
     name: str
-    storage: OutboxStorage
-    another: Callable[[], Awaitable[OutboxStorage]]
+    storage: AnyStorage
+    another: Callable[[], Awaitable[AnyStorage]]
 
 
 def _url(name: str, tmp_path: Path) -> str:
@@ -47,7 +51,7 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         raise
     opened = [storage]
 
-    async def another() -> OutboxStorage:
+    async def another() -> AnyStorage:
         if name == "memory":  # one process, one store: share it
             return storage
         extra = await open_storage(url, table=table)

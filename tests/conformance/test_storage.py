@@ -1,4 +1,5 @@
-"""What every OutboxStorage must do; the relay relies on nothing else."""
+"""What every storage backend must do, port by port (relaybox.ports); the relay and the
+operator commands rely on nothing else."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from relaybox.core.lifecycle import Status
 from relaybox.core.message import Target
 from relaybox.core.partitions import partition_for, partition_of
 from relaybox.core.records import Assignment, Failure, Routing, Settled, StoredMessage
-from relaybox.ports import OutboxStorage
+from relaybox.ports import OperatorStorage, PartitionStorage, RowLeaseStorage, TableWriter
+from relaybox.storage.memory import MemoryStorage
+from relaybox.storage.sql import SqlStorage
 from tests.conformance.conftest import Backend
 
 ROUTING = Routing.of(["default", "partner"], ["default"])
@@ -25,6 +28,9 @@ LEASE = 30.0
 #: row comes due up to 1 ms before the moment the test took plus the delay); the others
 #: keep microseconds. Delays here are 50 and 300 ms.
 CLOCK_TICK = 0.002
+
+#: What open_storage returns: every storage port at once.
+AnyStorage = SqlStorage | MemoryStorage
 
 
 async def write(backend: Backend, *messages: Message) -> None:
@@ -38,6 +44,11 @@ def msg(key: str | None = None, **fields: object) -> Message:
         payload=fields.pop("payload", {"n": 1}),
         **fields,
     )  # type: ignore[arg-type]
+
+
+def test_every_backend_serves_every_port(backend: Backend) -> None:
+    ports = (PartitionStorage, RowLeaseStorage, OperatorStorage, TableWriter)
+    assert all(isinstance(backend.storage, port) for port in ports)
 
 
 async def test_write_then_claim_round_trips_every_field(backend: Backend) -> None:
@@ -165,14 +176,6 @@ async def test_expired_lease_is_taken_over_and_the_stale_mark_is_ignored(backend
     assert await backend.storage.mark_failed(stale.token, [Failure(seqs[0], "late")]) == 0
     assert await backend.storage.release(stale.token, seqs) == 0
     assert await other.mark_published(fresh.token, seqs) == 1
-
-
-async def test_recover_expired_returns_rows_to_pending(backend: Backend) -> None:
-    await write(backend, msg(), msg())
-    await backend.storage.claim("w1", limit=2, lease_seconds=0.2)
-    await asyncio.sleep(0.5)
-    assert await backend.storage.recover_expired() == 2
-    assert (await backend.storage.stats()).pending == 2
 
 
 async def test_renew_extends_the_lease(backend: Backend) -> None:
@@ -354,7 +357,7 @@ async def test_a_key_leased_elsewhere_does_not_use_up_the_claim_limit(backend: B
 # Partition leases (seed 002).
 
 
-async def workers(backend: Backend, count: int) -> list[OutboxStorage]:
+async def workers(backend: Backend, count: int) -> list[AnyStorage]:
     """One storage (one connection) per relay process."""
     return [backend.storage, *[await backend.another() for _ in range(count - 1)]]
 
@@ -497,18 +500,18 @@ async def test_a_read_skips_what_is_in_flight_and_holds_back_its_keys(backend: B
     assert [m.key for m in again] == ["k1", "k1", "k2", "k1"]
 
 
-async def test_settle_owned_changes_only_rows_in_partitions_the_worker_holds(
+async def test_settle_changes_only_rows_in_partitions_the_worker_holds(
     backend: Backend,
 ) -> None:
     await write(backend, msg("a"), msg("b"), msg("c"), msg("d"))
     a, b, c, d = await backend.storage.read(limit=10)
-    nobody = await backend.storage.settle_owned(
+    nobody = await backend.storage.settle(
         "w1", published=[a.seq], failed=[Failure(b.seq, "x")], abandoned=[Failure(c.seq, "y")]
     )
     assert nobody == Settled(0, 0, 0)  # w1 holds no partition yet
     await hold_everything(backend)
-    assert await backend.storage.settle_owned("w2", published=[a.seq]) == Settled(0, 0, 0)
-    settled = await backend.storage.settle_owned(
+    assert await backend.storage.settle("w2", published=[a.seq]) == Settled(0, 0, 0)
+    settled = await backend.storage.settle(
         "w1", published=[a.seq], failed=[Failure(b.seq, "flaky", 60)],
         abandoned=[Failure(c.seq, "refused")],
     )  # fmt: skip
@@ -517,18 +520,37 @@ async def test_settle_owned_changes_only_rows_in_partitions_the_worker_holds(
     assert (stats.pending, stats.failed, stats.abandoned) == (1, 1, 1)
     assert stats.counts.get(Status.PUBLISHED, 0) == 0  # deleted
     assert [m.key for m in await backend.storage.read(limit=10)] == ["d"]
-    kept = await backend.storage.settle_owned("w1", published=[d.seq], delete=False)
+    kept = await backend.storage.settle("w1", published=[d.seq], delete=False)
     assert kept == Settled(published=1)
     assert (await backend.storage.stats()).counts.get(Status.PUBLISHED) == 1
     # Finished rows are left alone by a late settle.
-    assert await backend.storage.settle_owned("w1", failed=[Failure(d.seq, "late")]) == Settled()
+    assert await backend.storage.settle("w1", failed=[Failure(d.seq, "late")]) == Settled()
+
+
+async def test_any_error_text_a_broker_gives_is_recorded(backend: Backend) -> None:
+    """An error comes from outside (a broker's or a receiver's answer): a NUL, a lone
+    surrogate or quotes must not make the step that records it fail, in either mode."""
+    hostile = 'refused: \x00 "quoted" \ud800 \\ end'
+    await write(backend, msg("a"), msg("b"), msg("c"))
+    await hold_everything(backend)
+    a, b, _ = await backend.storage.read(limit=10)
+    settled = await backend.storage.settle(
+        "w1", failed=[Failure(a.seq, hostile, 60)], abandoned=[Failure(b.seq, hostile)]
+    )
+    assert settled == Settled(failed=1, abandoned=1)
+    claim = await backend.storage.claim("w2", limit=1, lease_seconds=LEASE)
+    (c,) = claim.messages
+    assert await backend.storage.abandon(claim.token, [Failure(c.seq, hostile)]) == 1
+    listed = await backend.storage.abandoned(limit=10)
+    assert {m.seq for m in listed} == {b.seq, c.seq}
+    assert all(m.last_error and m.last_error.startswith("refused: ") for m in listed)
 
 
 async def test_a_failed_head_holds_back_its_key_in_reads_until_due(backend: Backend) -> None:
     await hold_everything(backend)
     await write(backend, msg("bad"), msg("bad"), msg("good"), msg(None))
     head, *_ = await backend.storage.read(limit=1)
-    await backend.storage.settle_owned("w1", failed=[Failure(head.seq, "nope", 0.6)])
+    await backend.storage.settle("w1", failed=[Failure(head.seq, "nope", 0.6)])
     found = await backend.storage.read(limit=10)
     assert [m.key for m in found] == ["good", None]
     await asyncio.sleep(0.9)
@@ -545,7 +567,7 @@ async def test_a_blocked_backlog_far_longer_than_the_read_hides_no_other_row(
     await write(backend, *[msg("bad") for _ in range(150)])
     await write(backend, msg("good"), msg("good"), msg(None), msg("other"))
     head, *_ = await backend.storage.read(limit=1)
-    await backend.storage.settle_owned("w1", failed=[Failure(head.seq, "nope", 60)])
+    await backend.storage.settle("w1", failed=[Failure(head.seq, "nope", 60)])
     found = await backend.storage.read(limit=4)
     assert [m.key for m in found] == ["good", "good", None, "other"]
     assert [m.seq for m in found] == sorted(m.seq for m in found)
@@ -641,7 +663,7 @@ async def test_random_owned_histories_keep_every_key_in_order(backend: Backend, 
             elif roll < 0.9:
                 abandoned.append(Failure(m.seq, "permanent"))
                 finished.add(m.id)
-        await backend.storage.settle_owned("w1", failed=failed, abandoned=abandoned,
+        await backend.storage.settle("w1", failed=failed, abandoned=abandoned,
                                            published=done)  # fmt: skip
 
     for _ in range(150):
@@ -690,10 +712,10 @@ async def test_random_histories_keep_every_key_in_order(backend: Backend, seed: 
     written: dict[str | None, list[uuid.UUID]] = {}
     finished: set[uuid.UUID] = set()
     published: dict[str | None, list[uuid.UUID]] = {}
-    in_flight: list[tuple[OutboxStorage, str, list[Taken]]] = []
+    in_flight: list[tuple[AnyStorage, str, list[Taken]]] = []
     due_after: dict[uuid.UUID, float] = {}  # no claim that ends before this may take it
 
-    async def claim(worker: OutboxStorage, limit: int) -> None:
+    async def claim(worker: AnyStorage, limit: int) -> None:
         got = await worker.claim(f"w{workers.index(worker)}", limit=limit, lease_seconds=LEASE)
         ended = time.monotonic()
         taken = {m.id for m in got.messages}
@@ -709,7 +731,7 @@ async def test_random_histories_keep_every_key_in_order(backend: Backend, seed: 
             rows = [(m.seq, m.id, m.key) for m in got.messages]
             in_flight.append((worker, got.token, rows))
 
-    async def settle(worker: OutboxStorage, token: str, rows: list[Taken]) -> None:
+    async def settle(worker: AnyStorage, token: str, rows: list[Taken]) -> None:
         stuck: set[str | None] = set()
         done: list[int] = []
         released: list[int] = []
@@ -775,7 +797,7 @@ async def test_abandoned_rows_are_listed_newest_first_with_their_error(backend: 
     await write(backend, msg("a"), msg("b"), msg(None), msg("c", targets=["partner"]))
     read = {m.key: m for m in await backend.storage.read(limit=10)}
     errors = {"a": "unroutable", None: "too large", "c": "rejected"}
-    await backend.storage.settle_owned(
+    await backend.storage.settle(
         "w1",
         abandoned=[Failure(read[k].seq, error) for k, error in errors.items()],
         published=[read["b"].seq],

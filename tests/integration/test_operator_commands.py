@@ -43,7 +43,7 @@ async def _fill(url: str, table: str) -> dict[str, int]:
         await storage.heartbeat("w1", partitions=64, lease_seconds=30)
         seqs = {m.key or "": m.seq for m in await storage.read(limit=10)}
         failures = [Failure(seqs["a"], "NOT_FOUND: no stream"), Failure(seqs["c"], "too large")]
-        await storage.settle_owned("w1", abandoned=failures)
+        await storage.settle("w1", abandoned=failures)
         await storage.leave("w1")
         return seqs
     finally:
@@ -120,7 +120,7 @@ async def test_replay_all_goes_oldest_first_page_by_page(monkeypatch: pytest.Mon
     await storage.write(Routing().rows([Message(topic="t", key=f"k{n % 7}") for n in range(1200)]))
     await storage.heartbeat("w1", partitions=64, lease_seconds=30)
     read = await storage.read(limit=2000)
-    await storage.settle_owned("w1", abandoned=[Failure(m.seq, "no") for m in read])
+    await storage.settle("w1", abandoned=[Failure(m.seq, "no") for m in read])
     calls: list[list[int]] = []
     replay = storage.replay
 

@@ -543,9 +543,9 @@ class _NoSettle(_Passthrough):
 
     healed = False
 
-    async def settle_owned(self, worker: str, **outcomes: object) -> object:
+    async def settle(self, worker: str, **outcomes: object) -> object:
         if self.healed:
-            return await self._inner.settle_owned(worker, **outcomes)  # type: ignore[attr-defined]
+            return await self._inner.settle(worker, **outcomes)  # type: ignore[attr-defined]
         raise StorageOperationalError("connection cut (test)")
 
 

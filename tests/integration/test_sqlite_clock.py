@@ -48,6 +48,6 @@ def test_a_head_whose_delay_ends_during_the_read_still_holds_its_key_back(
         conn.create_function("strftime", 2, ticking_strftime)
         query = sql.queries("sqlite", table)["read"]
         # in flight: none; all partitions and targets; limit 10
-        rows = conn.execute(query, ("[]", None, 16, None, None, None, "[]", 10)).fetchall()
+        rows = conn.execute(query, ("[]", None, 16, None, 10)).fetchall()
     assert calls[0] >= 1  # the read did ask the replaced clock
     assert rows == []  # neither the head (not due) nor the row behind it

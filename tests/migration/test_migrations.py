@@ -1,8 +1,10 @@
-"""Migrations applied in order yield exactly the published schema, and are idempotent."""
+"""Migrations applied in order yield exactly the reviewed schema (schema.sql), and are
+idempotent."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,18 +143,36 @@ async def test_migrations_yield_the_published_schema(
         drop(url, published)
 
 
-def test_the_postgresql_catalog_sees_functions_triggers_and_enums() -> None:
-    """The comparison above covers the claim and read functions, the trigger that moves
-    finished rows and the status enum, not only columns and indexes."""
-    table = unique_table("cat")
+def test_the_postgresql_catalog_sees_function_bodies_and_enums() -> None:
+    """The comparison above covers the claim and read functions, bodies included, and the
+    status enum, not only columns and indexes: a schema.sql whose claim differs by one
+    word from the migrations' gives another catalog."""
+    migrated, edited = unique_table("cat"), unique_table("cat")
     try:
-        asyncio.run(migrate(PG_URL, table=table))
-        catalog = "\n".join(" ".join(row) for row in _pg_catalog(table))  # type: ignore[arg-type]
+        asyncio.run(migrate(PG_URL, table=migrated))
+        catalog = "\n".join(" ".join(row) for row in _pg_catalog(migrated))  # type: ignore[arg-type]
         for expected in ("FUNCTION public.T_claim(", "FUNCTION public.T_read_past(",
-                         "CREATE TRIGGER T_finished", "T_status pending,processing"):  # fmt: skip
+                         "T_status pending,processing"):  # fmt: skip
             assert expected in catalog
+        script = sql.schema("postgresql", edited).replace(
+            "v_window integer := 4 * p_limit", "v_window integer := 5 * p_limit"
+        )
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            for statement in sql.statements(script):
+                conn.execute(statement)
+        assert _pg_catalog(edited) != _pg_catalog(migrated)
     finally:
-        drop(PG_URL, table)
+        drop(PG_URL, migrated)
+        drop(PG_URL, edited)
+
+
+@pytest.mark.parametrize("dialect", sql.DIALECTS)
+def test_each_dialect_has_one_migration_per_schema_and_each_function_once(dialect: str) -> None:
+    for kind in sql.KINDS:
+        assert [v for v, _, _ in sql.migrations(dialect, "t", kind)] == [1]  # type: ignore[arg-type]
+    script = sql.schema(dialect, "t")  # type: ignore[arg-type]
+    functions = re.findall(r"CREATE (?:OR REPLACE )?FUNCTION (\w+)\(", script)
+    assert len(functions) == len(set(functions))
 
 
 @pytest.mark.parametrize(

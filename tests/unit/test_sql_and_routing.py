@@ -115,7 +115,7 @@ def test_database_urls() -> None:
 
 def test_public_surface() -> None:
     exported = set(relaybox.__all__)
-    assert {"Outbox", "Message", "Target", "RelayboxError", "OutboxStorage", "Status"} <= exported
+    assert {"Outbox", "Message", "Target", "RelayboxError", "Storage", "Status"} <= exported
     assert all(hasattr(relaybox, name) for name in exported)
     public = {n for n in vars(relaybox) if not n.startswith("_") and n[0].isupper()}
     assert public <= exported, public - exported
@@ -123,7 +123,7 @@ def test_public_surface() -> None:
 
 def test_schema_qualified_names_where_the_dialect_has_schemas() -> None:
     assert "CREATE TABLE IF NOT EXISTS app.outbox" in sql.schema("postgresql", "app.outbox")
-    assert "app_outbox_live_ix" in sql.schema("postgresql", "app.outbox")
+    assert "app_outbox_keyed_ix" in sql.schema("postgresql", "app.outbox")
     with pytest.raises(InvalidTableNameError, match="plain name"):
         sql.schema("sqlite", "app.outbox")
 

@@ -43,7 +43,9 @@ async def snapshot(relay: Relay, max_age: float = 5.0) -> dict[str, Any]:
     }
 
 
-def _database(relay: Relay, processor: Processor, url: str | None, now: float) -> dict[str, Any]:
+def _database(
+    relay: Relay, processor: Processor[Any], url: str | None, now: float
+) -> dict[str, Any]:
     return {
         "url": url,
         "partitions_held": None if processor.partitions is None else len(processor.partitions),

@@ -1,6 +1,6 @@
 """What an operator asks of an outbox table without a relay: `relaybox status`,
-`relaybox abandoned` and `relaybox replay` (seed 000: investigate abandoned messages
-before cleanup removes the evidence, then replay them).
+`relaybox abandoned` and `relaybox replay` (investigate abandoned messages before the
+cleanup removes the evidence, then replay them).
 
 Each call opens its own storage on the table and closes it again.
 """
@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from relaybox.core.records import AbandonedMessage, OutboxStats
 from relaybox.errors import ConfigurationError
-from relaybox.ports import OutboxStorage
+from relaybox.ports import OperatorStorage
 from relaybox.storage import open_storage
 
 #: Rows listed, or replayed, per query.
@@ -22,7 +22,7 @@ PAGE = 500
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Thresholds:
-    """Alert when a signal passes its limit (None: no limit); seed 002's alerts."""
+    """Alert when a signal passes its limit (None: no limit)."""
 
     max_pending: int | None = None
     max_failed: int | None = None
@@ -47,7 +47,7 @@ class Thresholds:
 
 
 @contextlib.asynccontextmanager
-async def _opened(db_url: str, table: str) -> AsyncIterator[OutboxStorage]:
+async def _opened(db_url: str, table: str) -> AsyncIterator[OperatorStorage]:
     storage = await open_storage(db_url, table=table)
     try:
         yield storage

@@ -1,10 +1,10 @@
 """`Relay`: moves committed messages from one or more outbox tables to brokers.
 
     async with Relay(["postgresql://..."], {"default": "nats://..."}) as relay:
-        relay.attach(outbox)            # in-process commits wake it at once (seed 001)
+        relay.attach(outbox)            # in-process commits wake it at once
         await relay.wait_closed()
 
-One `Processor` per database (seed 000), sharing the publishers and their circuit
+One `Processor` per database, sharing the publishers and their circuit
 breakers, so a broken broker pauses its target in every database at once.
 """
 
@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from relaybox.core.circuit import CircuitBreaker, CircuitState
 from relaybox.core.identifiers import DEFAULT_TABLE
@@ -22,19 +22,25 @@ from relaybox.core.ids import instance_name
 from relaybox.core.message import Message
 from relaybox.core.signals import TargetCounters
 from relaybox.errors import ConfigurationError
-from relaybox.ports import OutboxStorage, Publisher
+from relaybox.ports import OperatorStorage, PartitionStorage, Publisher, RowLeaseStorage, Storage
 from relaybox.publishers import open_publisher
+from relaybox.relay.partition_leases import PartitionLeaseProcessor
 from relaybox.relay.processor import Connections, Processor, ProcessorMetrics
+from relaybox.relay.row_leases import RowLeaseProcessor
 from relaybox.relay.settings import RelaySettings
 from relaybox.storage import open_storage
 from relaybox.storage.urls import DatabaseUrl
 
 if TYPE_CHECKING:
+    from relaybox.storage.memory import MemoryStorage
     from relaybox.storage.pg_listen import Listener
+    from relaybox.storage.sql import SqlStorage
+
 
 logger = logging.getLogger(__name__)
 
-Database = str | OutboxStorage
+#: A database URL, or a storage object that serves the ports the relay's mode needs.
+Database = str | Storage
 
 
 class Relay:
@@ -47,7 +53,7 @@ class Relay:
         settings: RelaySettings | None = None,
         worker: str | None = None,
     ) -> None:
-        if isinstance(databases, str | OutboxStorage):
+        if isinstance(databases, str | Storage):
             databases = [databases]
         if not databases:
             raise ConfigurationError("a relay needs at least one database")
@@ -61,8 +67,8 @@ class Relay:
             name: open_publisher(b) if isinstance(b, str) else b for name, b in brokers.items()
         }
         self.circuits = {name: CircuitBreaker(self.settings.circuit) for name in self._publishers}
-        self.processors: list[Processor] = []
-        self._opened: list[OutboxStorage] = []
+        self.processors: list[Processor[Any]] = []
+        self._opened: list[Storage] = []
         self._listeners: list[Listener] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = asyncio.Event()
@@ -89,12 +95,7 @@ class Relay:
             for publisher in self._publishers.values():
                 await publisher.start()
             for index, database in enumerate(self._databases):
-                connections = await self._connect(database)
-                name = f"db{index}"
-                processor = Processor(
-                    name, connections, self._publishers, self.circuits, self.settings,
-                    self.worker, self._stats_connection(database),
-                )  # fmt: skip
+                processor = await self._processor(f"db{index}", database)
                 self.processors.append(processor)
                 await self._listen(database, processor)
         except BaseException:
@@ -110,22 +111,43 @@ class Relay:
             ", ".join(self._publishers), extra={"action": "start"},
         )  # fmt: skip
 
-    async def _connect(self, database: Database) -> Connections:
-        if not isinstance(database, str):
-            return Connections(database, database, database)
-        claims, settles, housekeeping = [await self._open(database) for _ in range(3)]
-        return Connections(claims, settles, housekeeping)
+    async def _processor(self, name: str, database: Database) -> Processor[Any]:
+        """One database's processor, of the mode the settings ask for."""
+        common = (self._publishers, self.circuits, self.settings, self.worker,
+                  self._stats_connection(database))  # fmt: skip
+        if self.settings.partition_leases:
+            owned = await self._connect(database, PartitionStorage)
+            return PartitionLeaseProcessor(name, owned, *common)
+        leased = await self._connect(database, RowLeaseStorage)
+        return RowLeaseProcessor(name, leased, *common)
 
-    def _stats_connection(self, database: Database) -> Callable[[], Awaitable[OutboxStorage]]:
+    async def _connect(self, database: Database, port: type[Any]) -> Connections[Any]:
+        """Three connections of their own to a database URL; a storage object given
+        serves as all three."""
+        if isinstance(database, str):
+            claims, settles, housekeeping = [await self._open(database) for _ in range(3)]
+            return Connections(claims, settles, housekeeping, housekeeping)
+        if not isinstance(database, port) or not isinstance(database, OperatorStorage):
+            raise ConfigurationError(
+                f"{type(database).__name__} does not serve {port.__name__} and "
+                "OperatorStorage, which this relay needs"
+            )
+        return Connections(database, database, database, database)
+
+    def _stats_connection(self, database: Database) -> Callable[[], Awaitable[OperatorStorage]]:
         """A connection of its own for reading the table's counts, opened when first
         asked and closed with the others (a storage given as an object is used as is)."""
 
-        async def opened() -> OutboxStorage:
-            return await self._open(database) if isinstance(database, str) else database
+        async def opened() -> OperatorStorage:
+            if isinstance(database, str):
+                return await self._open(database)
+            if not isinstance(database, OperatorStorage):
+                raise ConfigurationError(f"{type(database).__name__} cannot count its rows")
+            return database
 
         return opened
 
-    async def _listen(self, database: Database, processor: Processor) -> None:
+    async def _listen(self, database: Database, processor: Processor[Any]) -> None:
         """On PostgreSQL, wake on the writers' NOTIFY too (see `notify_channel`)."""
         if not self.settings.listen or not isinstance(database, str):
             return
@@ -135,7 +157,7 @@ class Relay:
 
         self._listeners.append(await listen(database, self.table, processor.wake))
 
-    async def _open(self, url: str) -> OutboxStorage:
+    async def _open(self, url: str) -> SqlStorage | MemoryStorage:
         storage = await open_storage(url, table=self.table)
         self._opened.append(storage)
         return storage
@@ -188,7 +210,7 @@ class Relay:
             processor.wake()
 
     def attach(self, outbox: _Subscribable) -> None:
-        """Wake on every commit an `Outbox` of this process announces (seed 001)."""
+        """Wake on every commit an `Outbox` of this process announces."""
         self._unsubscribe.append(outbox.subscribe(lambda _messages: self.wake()))
 
     def metrics(self) -> dict[str, ProcessorMetrics]:
@@ -197,7 +219,7 @@ class Relay:
     def circuit_states(self) -> dict[str, CircuitState]:
         return {name: circuit.state for name, circuit in self.circuits.items()}
 
-    # -- operational signals (seed 000): relaybox.observability.http and .prometheus read these
+    # -- operational signals: relaybox.observability reads these
 
     def target_counters(self) -> dict[str, TargetCounters]:
         """Per target, what came of its messages, over every database."""

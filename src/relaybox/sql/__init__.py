@@ -1,4 +1,5 @@
-"""SQL text per dialect, kept in .sql files: versioned migrations and named queries.
+"""SQL text per dialect, kept in .sql files: the schema, its versioned migrations and the
+named queries.
 
 Only the table name is ever put into SQL text, after `validate_table_name` has checked
 it; every value travels as a bound parameter.
@@ -64,14 +65,9 @@ def queries(dialect: Dialect, table: str, kind: Kind = "outbox") -> dict[str, st
 
 
 def schema(dialect: Dialect, table: str, kind: Kind = "outbox") -> str:
-    """The full, current DDL for `dialect`: every migration, in order, as one script.
-
-    Each migration is idempotent DDL (IF NOT EXISTS, CREATE OR REPLACE), so their
-    concatenation is the schema; there is no second copy of it to keep in step."""
-    steps = migrations(dialect, table, kind)
-    latest = f"{steps[-1][0]:04d}" if steps else "none"
-    header = f"-- relaybox {kind} schema for {dialect}, migrations up to {latest}. Table: {table}"
-    return "\n\n".join([header, *(script.strip() for _, _, script in steps)]) + "\n"
+    """The full, current DDL for `dialect` (its schema.sql), rendered for `table`: what
+    the migrations build, as tests/migration holds them to."""
+    return render(_read(dialect, "schema.sql", kind), table, dialect)
 
 
 def migrations(dialect: Dialect, table: str, kind: Kind = "outbox") -> list[tuple[int, str, str]]:

@@ -1,16 +1,24 @@
-"""Storage backends behind `relaybox.ports.OutboxStorage`, chosen by database URL."""
+"""Storage backends behind the storage ports of `relaybox.ports`, chosen by database URL."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from relaybox.core.extras import installed, missing
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.errors import ConfigurationError
-from relaybox.ports import OutboxStorage
 from relaybox.storage.urls import DatabaseUrl
 
+if TYPE_CHECKING:
+    from relaybox.storage.memory import MemoryStorage
+    from relaybox.storage.sql import SqlStorage
 
-async def open_storage(url: str, *, table: str = DEFAULT_TABLE) -> OutboxStorage:
-    """Connect to the outbox at `url`: postgresql://, mysql://, sqlite:///path, memory://."""
+
+async def open_storage(url: str, *, table: str = DEFAULT_TABLE) -> SqlStorage | MemoryStorage:
+    """Connect to the outbox at `url`: postgresql://, mysql://, sqlite:///path, memory://.
+
+    The storage serves every port (a relay's, an operator's, a tool's); raises a
+    `SchemaError` that says to migrate if the table is missing."""
     parsed = DatabaseUrl.parse(url)
     if parsed.clients and not installed(parsed.clients[0]):  # the storage's: the preferred
         raise missing(parsed.clients[0], f"the database URL {parsed.masked}")

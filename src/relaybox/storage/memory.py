@@ -1,6 +1,6 @@
 """In-memory storage: the outbox table as Python objects, for tests and demos.
 
-It follows the SQL backends rule for rule (the conformance suite runs against all of
+It follows the SQL storage rule for rule (the conformance suite runs against all of
 them): the same claim order and per-(target, key) blocking, fenced marks, the same
 transitions and counters. Every operation runs under one `threading.Lock` with no
 await inside, so it is atomic for coroutines and for threads (an in-memory writer may
@@ -226,7 +226,7 @@ class MemoryStorage:
                 taken.append(row.message(count))
         return taken
 
-    async def settle_owned(
+    async def settle(
         self,
         worker: str,
         *,
@@ -368,15 +368,6 @@ class MemoryStorage:
             for row in held:
                 row.locked_until = now + float(lease_seconds)
         return len(held)
-
-    async def recover_expired(self) -> int:
-        with self._lock:
-            now = self._clock()
-            expired = [r for r in self._rows.values()
-                       if r.status is Status.PROCESSING and r.due(now)]  # fmt: skip
-            for row in expired:
-                row.unlock(Status.PENDING)
-        return len(expired)
 
     async def purge(
         self, *, published_older_than: float, abandoned_older_than: float, batch_size: int = 500

@@ -1,12 +1,15 @@
--- Parameters are positional (format paramstyle of PyMySQL, aiomysql and asyncmy), in
--- the order listed per query. The seqs, pairs and filters markers are expanded by the
--- backend into one placeholder per value; values themselves never enter SQL text.
--- Comments here must not contain a placeholder or a marker: drivers format the whole
--- text. Times are UTC_TIMESTAMP(6), independent of the session time zone, so writers on
--- any connection agree with the relay.
+-- relaybox's named queries on MySQL and MariaDB. Times are UTC_TIMESTAMP(6), whatever
+-- the session's time zone, so writers on any connection agree with the relay.
+-- Parameters: the drivers (PyMySQL, aiomysql, asyncmy) take positional %s only. The
+-- writer's inserts and the claim's steps, which are assembled at run time, use %s in the
+-- order listed per query (their seqs, pairs and filters markers are expanded into one
+-- placeholder per value). Every other query numbers its parameters ($1 ...) as on
+-- PostgreSQL, and relaybox turns them into %s, repeating a value where a number repeats
+-- and spreading a list of seqs into one placeholder per value. Values never enter SQL
+-- text. Comments here must not contain a placeholder or a marker.
 
 -- name: lock_keys
--- Before a writer inserts keyed rows: lock their slots (see migration 0002), in slot
+-- Before a writer inserts keyed rows: lock their slots (schema.sql, {table}_key_locks), in slot
 -- order so that two writers never wait on each other in a cycle. The writer appends
 -- the placeholders and the ORDER BY ... FOR UPDATE tail.
 SELECT slot FROM {table}_key_locks WHERE slot IN;
@@ -90,13 +93,13 @@ WHERE seq IN ({seqs})
 ORDER BY seq;
 
 -- The owned settle of a relay that holds its partitions: each statement changes only
--- live rows in partitions the worker holds (stored hash modulo the partition count);
--- one transaction runs them all.
+-- live rows in partitions the worker holds (stored hash modulo the partition count); a
+-- settle that needs several runs them in one transaction.
 
 -- name: fail_owned
--- Parameters: a JSON array of [seq, error, retry_in seconds], partition count, worker.
+-- $1 failures JSON [[seq, error, retry_in seconds], ...], $2 worker, $3 partition count.
 UPDATE {table} o
-JOIN JSON_TABLE(%s, '$[*]' COLUMNS (
+JOIN JSON_TABLE($1, '$[*]' COLUMNS (
         seq BIGINT PATH '$[0]',
         error LONGTEXT PATH '$[1]',
         retry_in DOUBLE PATH '$[2]')) f
@@ -105,12 +108,12 @@ SET o.status = 'failed', o.attempts = o.attempts + 1, o.last_error = f.error,
     o.available_at = UTC_TIMESTAMP(6) + INTERVAL ROUND(f.retry_in * 1000000) MICROSECOND,
     o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
 WHERE o.status IN ('pending', 'processing', 'failed')
-  AND MOD(o.`partition`, %s) IN (SELECT `partition` FROM {table}_partitions WHERE owner = %s);
+  AND MOD(o.`partition`, $3) IN (SELECT `partition` FROM {table}_partitions WHERE owner = $2);
 
 -- name: abandon_owned
--- Parameters: a JSON array of [seq, error], partition count, worker.
+-- $1 failures JSON [[seq, error], ...], $2 worker, $3 partition count.
 UPDATE {table} o
-JOIN JSON_TABLE(%s, '$[*]' COLUMNS (
+JOIN JSON_TABLE($1, '$[*]' COLUMNS (
         seq BIGINT PATH '$[0]',
         error LONGTEXT PATH '$[1]')) f
     ON o.seq = f.seq
@@ -118,36 +121,41 @@ SET o.status = 'abandoned', o.attempts = o.attempts + 1, o.last_error = f.error,
     o.abandoned_at = UTC_TIMESTAMP(6),
     o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
 WHERE o.status IN ('pending', 'processing', 'failed')
-  AND MOD(o.`partition`, %s) IN (SELECT `partition` FROM {table}_partitions WHERE owner = %s);
+  AND MOD(o.`partition`, $3) IN (SELECT `partition` FROM {table}_partitions WHERE owner = $2);
 
 -- name: delete_owned
--- Parameters: seqs, partition count, worker.
+-- $1 seqs, $2 worker, $3 partition count.
 DELETE FROM {table}
-WHERE seq IN ({seqs}) AND status IN ('pending', 'processing', 'failed')
-  AND MOD(`partition`, %s) IN (SELECT `partition` FROM {table}_partitions WHERE owner = %s);
+WHERE seq IN ($1) AND status IN ('pending', 'processing', 'failed')
+  AND MOD(`partition`, $3) IN (SELECT `partition` FROM {table}_partitions WHERE owner = $2);
 
 -- name: publish_owned
--- Parameters: seqs, partition count, worker.
+-- $1 seqs, $2 worker, $3 partition count.
 UPDATE {table}
 SET status = 'published', published_at = UTC_TIMESTAMP(6),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
-WHERE seq IN ({seqs}) AND status IN ('pending', 'processing', 'failed')
-  AND MOD(`partition`, %s) IN (SELECT `partition` FROM {table}_partitions WHERE owner = %s);
+WHERE seq IN ($1) AND status IN ('pending', 'processing', 'failed')
+  AND MOD(`partition`, $3) IN (SELECT `partition` FROM {table}_partitions WHERE owner = $2);
+
+-- The row-lease marks: each changes only rows still in processing under the claim's
+-- token.
 
 -- name: mark_published
+-- $1 seqs, $2 token.
 UPDATE {table}
 SET status = 'published', published_at = UTC_TIMESTAMP(6),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
-WHERE seq IN ({seqs}) AND lock_token = %s AND status = 'processing';
+WHERE seq IN ($1) AND lock_token = $2 AND status = 'processing';
 
 -- name: delete_published
+-- $1 seqs, $2 token.
 DELETE FROM {table}
-WHERE seq IN ({seqs}) AND lock_token = %s AND status = 'processing';
+WHERE seq IN ($1) AND lock_token = $2 AND status = 'processing';
 
 -- name: mark_failed
--- Parameters: a JSON array of [seq, error, retry_in seconds], token.
+-- $1 failures JSON [[seq, error, retry_in seconds], ...], $2 token.
 UPDATE {table} o
-JOIN JSON_TABLE(%s, '$[*]' COLUMNS (
+JOIN JSON_TABLE($1, '$[*]' COLUMNS (
         seq BIGINT PATH '$[0]',
         error LONGTEXT PATH '$[1]',
         retry_in DOUBLE PATH '$[2]')) f
@@ -155,65 +163,64 @@ JOIN JSON_TABLE(%s, '$[*]' COLUMNS (
 SET o.status = 'failed', o.attempts = o.attempts + 1, o.last_error = f.error,
     o.available_at = UTC_TIMESTAMP(6) + INTERVAL ROUND(f.retry_in * 1000000) MICROSECOND,
     o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
-WHERE o.lock_token = %s AND o.status = 'processing';
+WHERE o.lock_token = $2 AND o.status = 'processing';
 
 -- name: abandon
--- Parameters: a JSON array of [seq, error], token.
+-- $1 failures JSON [[seq, error], ...], $2 token.
 UPDATE {table} o
-JOIN JSON_TABLE(%s, '$[*]' COLUMNS (
+JOIN JSON_TABLE($1, '$[*]' COLUMNS (
         seq BIGINT PATH '$[0]',
         error LONGTEXT PATH '$[1]')) f
     ON o.seq = f.seq
 SET o.status = 'abandoned', o.attempts = o.attempts + 1, o.last_error = f.error,
     o.abandoned_at = UTC_TIMESTAMP(6),
     o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
-WHERE o.lock_token = %s AND o.status = 'processing';
+WHERE o.lock_token = $2 AND o.status = 'processing';
 
 -- name: release
+-- $1 seqs, $2 token.
 UPDATE {table}
 SET status = 'pending', locked_by = NULL, locked_until = NULL, lock_token = NULL
-WHERE seq IN ({seqs}) AND lock_token = %s AND status = 'processing';
+WHERE seq IN ($1) AND lock_token = $2 AND status = 'processing';
 
 -- name: renew
--- Parameters: lease seconds, seqs, token.
+-- $1 seqs, $2 token, $3 lease seconds.
 UPDATE {table}
-SET locked_until = UTC_TIMESTAMP(6) + INTERVAL ROUND(%s * 1000000) MICROSECOND
-WHERE seq IN ({seqs}) AND lock_token = %s AND status = 'processing';
+SET locked_until = UTC_TIMESTAMP(6) + INTERVAL ROUND($3 * 1000000) MICROSECOND
+WHERE seq IN ($1) AND lock_token = $2 AND status = 'processing';
 
--- name: recover_expired
-UPDATE {table}
-SET status = 'pending', locked_by = NULL, locked_until = NULL, lock_token = NULL
-WHERE status = 'processing' AND locked_until < UTC_TIMESTAMP(6);
+-- What operators need.
 
 -- name: purge_published
--- Parameters: age in seconds, batch size.
+-- $1 age in seconds, $2 batch size.
 DELETE FROM {table}
-WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ROUND(%s * 1000000) MICROSECOND
+WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ROUND($1 * 1000000) MICROSECOND
   AND status = 'published'
 ORDER BY published_at
-LIMIT %s;
+LIMIT $2;
 
 -- name: purge_abandoned
--- Parameters: age in seconds, batch size.
+-- $1 age in seconds, $2 batch size.
 DELETE FROM {table}
-WHERE abandoned_at < UTC_TIMESTAMP(6) - INTERVAL ROUND(%s * 1000000) MICROSECOND
+WHERE abandoned_at < UTC_TIMESTAMP(6) - INTERVAL ROUND($1 * 1000000) MICROSECOND
   AND status = 'abandoned'
 ORDER BY abandoned_at
-LIMIT %s;
+LIMIT $2;
 
 -- name: replay
+-- $1 seqs.
 UPDATE {table}
 SET status = 'pending', attempts = 0, available_at = UTC_TIMESTAMP(6), abandoned_at = NULL
-WHERE status = 'abandoned' AND seq IN ({seqs});
+WHERE status = 'abandoned' AND seq IN ($1);
 
 -- name: abandoned
--- Abandoned rows, newest first: seq below which to list (NULL: from the newest), twice;
--- target (NULL: any), twice; limit.
+-- Abandoned rows, newest first: $1 seq below which to list (NULL: from the newest), $2
+-- target (NULL: any), $3 limit.
 SELECT seq, id, target, topic, `key`, type, attempts, last_error, abandoned_at, occurred_at
 FROM {table}
-WHERE status = 'abandoned' AND (%s IS NULL OR seq < %s) AND (%s IS NULL OR target = %s)
+WHERE status = 'abandoned' AND ($1 IS NULL OR seq < $1) AND ($2 IS NULL OR target = $2)
 ORDER BY seq DESC
-LIMIT %s;
+LIMIT $3;
 
 -- name: count_by_status
 SELECT status, COUNT(*) FROM {table} GROUP BY status;
@@ -226,70 +233,78 @@ WHERE status IN ('pending', 'failed') AND available_at <= UTC_TIMESTAMP(6);
 -- name: active_leases
 SELECT COUNT(*) FROM {table} WHERE status = 'processing' AND locked_until >= UTC_TIMESTAMP(6);
 
--- Partition leases (seed 002). A heartbeat runs members_expire through partitions_take
--- in one transaction, in this order. Dead members go before the worker joins, so two
--- heartbeats lock member rows in one order and cannot deadlock on them.
+-- name: probe
+-- Run when a storage connects: it fails (and says to migrate) if a table is missing.
+SELECT 1 FROM {table} WHERE FALSE
+UNION ALL SELECT 1 FROM {table}_key_locks WHERE FALSE
+UNION ALL SELECT 1 FROM {table}_partitions WHERE FALSE
+UNION ALL SELECT 1 FROM {table}_members WHERE FALSE;
+
+-- Partition leases. A heartbeat runs members_expire through partitions_take in one
+-- transaction, in this order. Dead members go before the worker joins, so two
+-- heartbeats lock member rows in one order and cannot deadlock on them. MySQL has no
+-- UPDATE ... RETURNING: renewing and taking partitions are two statements each.
 
 -- name: members_expire
 DELETE FROM {table}_members WHERE lease_until < UTC_TIMESTAMP(6);
 
 -- name: member_join
--- Parameters: worker, lease seconds, lease seconds again.
+-- $1 worker, $2 lease seconds.
 INSERT INTO {table}_members (worker, lease_until)
-VALUES (%s, UTC_TIMESTAMP(6) + INTERVAL ROUND(%s * 1000000) MICROSECOND)
+VALUES ($1, UTC_TIMESTAMP(6) + INTERVAL ROUND($2 * 1000000) MICROSECOND)
 ON DUPLICATE KEY UPDATE
-    lease_until = UTC_TIMESTAMP(6) + INTERVAL ROUND(%s * 1000000) MICROSECOND;
+    lease_until = UTC_TIMESTAMP(6) + INTERVAL ROUND($2 * 1000000) MICROSECOND;
 
 -- name: partitions_count
--- Parameters: partitions. A plain read: partitions_create runs only if rows are missing.
-SELECT COUNT(*) FROM {table}_partitions WHERE `partition` < %s;
+-- $1 partitions. A plain read: partitions_create runs only if rows are missing.
+SELECT COUNT(*) FROM {table}_partitions WHERE `partition` < $1;
 
 -- name: partitions_create
--- Parameters: a JSON array of partition numbers. It locks every row that already
--- exists, which would make heartbeats wait on each other, so it runs only when
--- partitions_count says some are missing. A duplicate (another heartbeat created it
--- first) is a no-op update, not an error or a warning as with INSERT IGNORE.
+-- $1 a JSON array of partition numbers. It locks every row that already exists, which
+-- would make heartbeats wait on each other, so it runs only when partitions_count says
+-- some are missing. A duplicate (another heartbeat created it first) is a no-op update,
+-- not an error or a warning as with INSERT IGNORE.
 INSERT INTO {table}_partitions (`partition`)
-SELECT p FROM JSON_TABLE(%s, '$[*]' COLUMNS (p INT PATH '$')) AS numbers
+SELECT p FROM JSON_TABLE($1, '$[*]' COLUMNS (p INT PATH '$')) AS numbers
 ON DUPLICATE KEY UPDATE `partition` = `partition`;
 
 -- name: members_live
 SELECT COUNT(*) FROM {table}_members WHERE lease_until >= UTC_TIMESTAMP(6);
 
 -- name: partitions_renew
--- Parameters: lease seconds, worker.
+-- $1 worker, $2 lease seconds.
 UPDATE {table}_partitions
-SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ROUND(%s * 1000000) MICROSECOND
-WHERE owner = %s;
+SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ROUND($2 * 1000000) MICROSECOND
+WHERE owner = $1;
 
 -- name: partitions_held
--- Parameters: worker. After partitions_renew, whose locks keep these rows ours.
-SELECT `partition` FROM {table}_partitions WHERE owner = %s;
+-- $1 worker. After partitions_renew, whose locks keep these rows ours.
+SELECT `partition` FROM {table}_partitions WHERE owner = $1;
 
 -- name: partitions_release
--- Parameters: worker, the partitions it gives back.
+-- $1 worker, $2 the partitions it gives back.
 UPDATE {table}_partitions SET owner = NULL, lease_until = NULL
-WHERE owner = %s AND `partition` IN ({partitions});
+WHERE owner = $1 AND `partition` IN ($2);
 
 -- name: partitions_free
--- Parameters: partitions, how many. Free or expired ones, lowest first; SKIP LOCKED
--- passes over rows another heartbeat is renewing or taking.
+-- $1 partitions, $2 how many. Free or expired ones, lowest first; SKIP LOCKED passes
+-- over rows another heartbeat is renewing or taking.
 SELECT `partition` FROM {table}_partitions
-WHERE `partition` < %s AND (owner IS NULL OR lease_until < UTC_TIMESTAMP(6))
+WHERE `partition` < $1 AND (owner IS NULL OR lease_until < UTC_TIMESTAMP(6))
 ORDER BY `partition`
-LIMIT %s
+LIMIT $2
 FOR UPDATE SKIP LOCKED;
 
 -- name: partitions_take
--- Parameters: worker, lease seconds, the partitions partitions_free locked.
+-- $1 worker, $2 lease seconds, $3 the partitions partitions_free locked.
 UPDATE {table}_partitions
-SET owner = %s, lease_until = UTC_TIMESTAMP(6) + INTERVAL ROUND(%s * 1000000) MICROSECOND
-WHERE `partition` IN ({partitions});
+SET owner = $1, lease_until = UTC_TIMESTAMP(6) + INTERVAL ROUND($2 * 1000000) MICROSECOND
+WHERE `partition` IN ($3);
 
 -- name: partitions_leave
--- Parameters: worker.
-UPDATE {table}_partitions SET owner = NULL, lease_until = NULL WHERE owner = %s;
+-- $1 worker.
+UPDATE {table}_partitions SET owner = NULL, lease_until = NULL WHERE owner = $1;
 
 -- name: member_leave
--- Parameters: worker.
-DELETE FROM {table}_members WHERE worker = %s;
+-- $1 worker.
+DELETE FROM {table}_members WHERE worker = $1;

@@ -1,12 +1,15 @@
+-- relaybox's named queries on PostgreSQL. Parameters are numbered ($1 ...); lists of
+-- seqs travel as one array text parameter ('{1,2,3}'), lists of failures as JSON text.
+
 -- name: insert_one
 -- Writers of one key take turns: a transaction-scoped advisory lock on the key ($17,
 -- computed by the writer; NULL for a keyless message, which the strict function then
 -- skips) is taken before the row gets its seq, so a key's seq order is also its commit
 -- order: the relay can never see seq 2 of a key committed while seq 1 is in flight.
 -- The lock is taken in a subquery, not as a function in FROM: a function scan stores
--- its one row in a tuplestore first, which cost the server ~15 us of CPU per INSERT
--- (docs/benchmarks.md, "Writer overhead"). A subquery with a volatile call is never
--- pulled up, so its Result runs below the projection that draws the seq.
+-- its one row in a tuplestore first, server CPU in every writer transaction. A subquery
+-- with a volatile call is never pulled up, so its Result runs below the projection that
+-- draws the seq.
 INSERT INTO {table} (id, target, external, topic, key, partition, type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
     available_at)
@@ -110,11 +113,9 @@ FROM (SELECT count(*) FROM key_lock) AS locked, pg_notify($18::text, '') AS woke
 ORDER BY r.ord;
 
 -- name: claim
--- One call of the claim function (migrations 0004 and 0005 explain it).
+-- The row-lease claim: one call of {prefix}_claim (schema.sql explains it).
 -- $1 worker, $2 limit, $3 partitions or NULL, $4 partition count, $5 targets or NULL,
--- $6 token, $7 lease s, $8 the table's claim-lock key. The function also returns
--- created_at, which the relay does not use: left out here, since decoding a timestamp
--- costs asyncpg about as much as all the text columns of a row together.
+-- $6 token, $7 lease s, $8 the table's claim-lock key.
 SELECT expired, seq, id, target, external, topic, key, partition, type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
     attempts
@@ -122,13 +123,21 @@ FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::integer, $5::text[
     $6::uuid, $7::float8, $8::integer);
 
 -- name: read
--- The owned read (migrations 0005 to 0007 explain it), as one statement so that rows
--- stream to the relay as they are found: $1 limit, $2 partitions or NULL, $3 partition
--- count, $4 targets or NULL, $5 the seqs in flight (array text), $6 the [target, key]
--- of the keyed ones (JSON), $7 the window (2 x limit + rows in flight). Long lists
--- travel as text: asyncpg checks every element of an array parameter against
--- collections.abc, about 1 ms a batch for the relay's lists of 500, where one string
--- costs nothing. created_at is left out, as in claim.
+-- The owned read of a relay that holds partitions: up to $1 due rows of its partitions
+-- and targets, oldest first, that it may publish now, in per-key order. It writes
+-- nothing. What the relay has in flight comes in as arguments, and those rows are left
+-- out, with every row of a key in flight (a key's rows in flight are its earliest live
+-- rows, as keys are read in order from their head). A waiting row (delayed, or backing
+-- off; waits_ix) holds back what comes after it in its key. A row in processing (claimed
+-- by a relay without partition leases) comes back flagged `blocked` while its lease
+-- lasts, so the relay holds back its key from there on.
+-- One statement, so rows stream to the relay as the scan finds them (a PL/pgSQL
+-- function would store its whole result first). Every plan here is good whatever the
+-- sizes, so generic plans serve and nothing is planned per call.
+-- $1 limit, $2 partitions or NULL, $3 partition count, $4 targets or NULL, $5 the seqs
+-- in flight (array text), $6 the [target, key] of the keyed ones (JSON), $7 the window
+-- (2 x limit + rows in flight). Long lists travel as one text parameter: asyncpg checks
+-- every element of an array parameter, where one string costs nothing.
 -- The window's rows come first, in seq order; {prefix}_read_past, called only when
 -- they are fewer than $1, adds rows past the window, all of higher seqs.
 WITH picked AS (
@@ -167,73 +176,78 @@ SELECT * FROM {prefix}_read_past($1::integer - (SELECT count(*) FROM picked)::in
     $2::integer[], $3::integer, $4::text[], $5::text::bigint[], $7::integer)
 WHERE (SELECT count(*) FROM picked) < $1::integer;
 
--- name: settle_owned
--- Everything a relay that holds partitions learned about rows it read, in one
--- statement: $1 worker, $2 partition count; failed ($3 seqs, $4 errors, $5 retry-in
--- seconds), abandoned ($6 seqs, $7 errors), published ($8 seqs, as array text; $9 true:
--- delete them, false: keep them as published). Only rows still live in a partition the
--- worker holds are touched (the fence: a relay that lost a partition changes nothing
--- there). Abandoned rows, and published ones that are kept, move to {table}_done
--- (migration 0007). Counts come back in that order.
-WITH owned AS MATERIALIZED (
-    SELECT p.partition FROM {table}_partitions p WHERE p.owner = $1::text
-), failed AS (
-    UPDATE {table} o
-    SET status = 'failed', attempts = o.attempts + 1, last_error = f.error,
-        available_at = now() + f.retry_in * interval '1 second',
-        locked_by = NULL, locked_until = NULL, lock_token = NULL
-    FROM unnest($3::bigint[], $4::text[], $5::float8[]) AS f(seq, error, retry_in)
-    WHERE o.seq = f.seq
-      AND o.partition % $2::integer IN (SELECT partition FROM owned)
-    RETURNING 1
-), deleted AS (
+-- The owned settle: what a relay holding partitions learned about rows it read. Each
+-- statement changes only rows in a partition the worker still holds (the fence: a relay
+-- that lost a partition changes nothing there); a settle that needs several runs them in
+-- one transaction. Failures travel as one JSON array.
+
+-- name: fail_owned
+-- $1 failures JSON [[seq, error, retry-in seconds], ...], $2 worker, $3 partition count.
+UPDATE {table} o
+SET status = 'failed', attempts = o.attempts + 1, last_error = f.error,
+    available_at = now() + f.retry_in * interval '1 second',
+    locked_by = NULL, locked_until = NULL, lock_token = NULL
+FROM (SELECT (x ->> 0)::bigint AS seq, x ->> 1 AS error, (x ->> 2)::float8 AS retry_in
+      FROM jsonb_array_elements($1::text::jsonb) AS x) AS f
+WHERE o.seq = f.seq
+  AND o.partition % $3::integer IN (
+      SELECT p.partition FROM {table}_partitions p WHERE p.owner = $2::text);
+
+-- name: abandon_owned
+-- $1 failures JSON [[seq, error], ...], $2 worker, $3 partition count. The rows move to
+-- {table}_done with their error and one more attempt.
+WITH finished AS (
     DELETE FROM {table} o
-    WHERE $9::boolean AND o.seq = ANY($8::text::bigint[])
-      AND o.partition % $2::integer IN (SELECT partition FROM owned)
-    RETURNING 1
-), finished AS (
-    DELETE FROM {table} o
-    USING (SELECT a.seq, a.error, true AS abandoned
-           FROM unnest($6::bigint[], $7::text[]) AS a(seq, error)
-           UNION ALL
-           SELECT k.seq, NULL, false FROM unnest($8::text::bigint[]) AS k(seq)
-           WHERE NOT $9::boolean) AS f
+    USING (SELECT (x ->> 0)::bigint AS seq, x ->> 1 AS error
+           FROM jsonb_array_elements($1::text::jsonb) AS x) AS f
     WHERE o.seq = f.seq
-      AND o.partition % $2::integer IN (SELECT partition FROM owned)
-    RETURNING o.*, f.error, f.abandoned
-), moved AS (
-    INSERT INTO {table}_done (seq, status, attempts, available_at, published_at,
-        abandoned_at, last_error, id, target, external, topic, key, partition, type,
-        content_type, payload, headers, correlation_id, causation_id, tenant_id,
-        aggregate_id, occurred_at, created_at)
-    SELECT m.seq,
-        (CASE WHEN m.abandoned THEN 'abandoned' ELSE 'published' END)::{table}_status,
-        m.attempts + m.abandoned::integer, m.available_at,
-        CASE WHEN NOT m.abandoned THEN now() END, CASE WHEN m.abandoned THEN now() END,
-        CASE WHEN m.abandoned THEN m.error ELSE m.last_error END,
-        m.id, m.target, m.external, m.topic, m.key, m.partition, m.type, m.content_type,
-        m.payload, m.headers, m.correlation_id, m.causation_id, m.tenant_id,
-        m.aggregate_id, m.occurred_at, m.created_at
-    FROM finished m
-    RETURNING abandoned_at IS NOT NULL AS abandoned
+      AND o.partition % $3::integer IN (
+          SELECT p.partition FROM {table}_partitions p WHERE p.owner = $2::text)
+    RETURNING o.*, f.error
 )
-SELECT (SELECT count(*) FROM failed), (SELECT count(*) FROM moved WHERE abandoned),
-    (SELECT count(*) FROM deleted) + (SELECT count(*) FROM moved WHERE NOT abandoned);
+INSERT INTO {table}_done (seq, status, attempts, available_at, abandoned_at, last_error,
+    id, target, external, topic, key, partition, type, content_type, payload, headers,
+    correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, created_at)
+SELECT m.seq, 'abandoned', m.attempts + 1, m.available_at, now(), m.error,
+    m.id, m.target, m.external, m.topic, m.key, m.partition, m.type, m.content_type,
+    m.payload, m.headers, m.correlation_id, m.causation_id, m.tenant_id, m.aggregate_id,
+    m.occurred_at, m.created_at
+FROM finished m;
 
 -- name: delete_owned
--- settle_owned's commonest case, every row of a batch published and deleted, as the
--- one statement it needs (settle_owned's five CTEs cost 0.7 ms more per batch):
--- $1 worker, $2 partition count, $3 seqs (array text).
+-- Published rows, deleted: $1 seqs (array text), $2 worker, $3 partition count.
 DELETE FROM {table} o
-WHERE o.seq = ANY($3::text::bigint[])
-  AND o.partition % $2::integer IN (
-      SELECT p.partition FROM {table}_partitions p WHERE p.owner = $1::text);
+WHERE o.seq = ANY($1::text::bigint[])
+  AND o.partition % $3::integer IN (
+      SELECT p.partition FROM {table}_partitions p WHERE p.owner = $2::text);
+
+-- name: publish_owned
+-- Published rows, kept under the published retention: moved to {table}_done.
+-- $1 seqs (array text), $2 worker, $3 partition count.
+WITH finished AS (
+    DELETE FROM {table} o
+    WHERE o.seq = ANY($1::text::bigint[])
+      AND o.partition % $3::integer IN (
+          SELECT p.partition FROM {table}_partitions p WHERE p.owner = $2::text)
+    RETURNING o.*
+)
+INSERT INTO {table}_done (seq, status, attempts, available_at, published_at, last_error,
+    id, target, external, topic, key, partition, type, content_type, payload, headers,
+    correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, created_at)
+SELECT m.seq, 'published', m.attempts, m.available_at, now(), m.last_error,
+    m.id, m.target, m.external, m.topic, m.key, m.partition, m.type, m.content_type,
+    m.payload, m.headers, m.correlation_id, m.causation_id, m.tenant_id, m.aggregate_id,
+    m.occurred_at, m.created_at
+FROM finished m;
+
+-- The row-lease marks: each changes only rows still in processing under the claim's
+-- token (a mark whose lease was lost and taken over changes nothing).
 
 -- name: mark_published
--- Published rows that are kept, moved to {table}_done (migration 0007).
+-- Published rows that are kept, moved to {table}_done: $1 seqs (array text), $2 token.
 WITH finished AS (
     DELETE FROM {table}
-    WHERE seq = ANY($1::bigint[]) AND lock_token = $2 AND status = 'processing'
+    WHERE seq = ANY($1::text::bigint[]) AND lock_token = $2::uuid AND status = 'processing'
     RETURNING *
 )
 INSERT INTO {table}_done (seq, status, attempts, available_at, published_at, last_error,
@@ -246,23 +260,28 @@ SELECT m.seq, 'published', m.attempts, m.available_at, now(), m.last_error,
 FROM finished m;
 
 -- name: delete_published
+-- $1 seqs (array text), $2 token.
 DELETE FROM {table}
-WHERE seq = ANY($1::bigint[]) AND lock_token = $2 AND status = 'processing';
+WHERE seq = ANY($1::text::bigint[]) AND lock_token = $2::uuid AND status = 'processing';
 
 -- name: mark_failed
+-- $1 failures JSON [[seq, error, retry-in seconds], ...], $2 token.
 UPDATE {table} o
 SET status = 'failed', attempts = o.attempts + 1, last_error = f.error,
     available_at = now() + f.retry_in * interval '1 second',
     locked_by = NULL, locked_until = NULL, lock_token = NULL
-FROM unnest($1::bigint[], $2::text[], $3::float8[]) AS f(seq, error, retry_in)
-WHERE o.seq = f.seq AND o.lock_token = $4 AND o.status = 'processing';
+FROM (SELECT (x ->> 0)::bigint AS seq, x ->> 1 AS error, (x ->> 2)::float8 AS retry_in
+      FROM jsonb_array_elements($1::text::jsonb) AS x) AS f
+WHERE o.seq = f.seq AND o.lock_token = $2::uuid AND o.status = 'processing';
 
 -- name: abandon
--- Moved to {table}_done (migration 0007), with the error and one more attempt.
+-- Moved to {table}_done with the error and one more attempt.
+-- $1 failures JSON [[seq, error], ...], $2 token.
 WITH finished AS (
     DELETE FROM {table} o
-    USING unnest($1::bigint[], $2::text[]) AS f(seq, error)
-    WHERE o.seq = f.seq AND o.lock_token = $3 AND o.status = 'processing'
+    USING (SELECT (x ->> 0)::bigint AS seq, x ->> 1 AS error
+           FROM jsonb_array_elements($1::text::jsonb) AS x) AS f
+    WHERE o.seq = f.seq AND o.lock_token = $2::uuid AND o.status = 'processing'
     RETURNING o.*, f.error
 )
 INSERT INTO {table}_done (seq, status, attempts, available_at, abandoned_at, last_error,
@@ -275,36 +294,39 @@ SELECT m.seq, 'abandoned', m.attempts + 1, m.available_at, now(), m.error,
 FROM finished m;
 
 -- name: release
+-- $1 seqs (array text), $2 token.
 UPDATE {table}
 SET status = 'pending', locked_by = NULL, locked_until = NULL, lock_token = NULL
-WHERE seq = ANY($1::bigint[]) AND lock_token = $2 AND status = 'processing';
+WHERE seq = ANY($1::text::bigint[]) AND lock_token = $2::uuid AND status = 'processing';
 
 -- name: renew
+-- $1 seqs (array text), $2 token, $3 lease seconds.
 UPDATE {table}
 SET locked_until = now() + $3::float8 * interval '1 second'
-WHERE seq = ANY($1::bigint[]) AND lock_token = $2 AND status = 'processing';
+WHERE seq = ANY($1::text::bigint[]) AND lock_token = $2::uuid AND status = 'processing';
 
--- name: recover_expired
-UPDATE {table}
-SET status = 'pending', locked_by = NULL, locked_until = NULL, lock_token = NULL
-WHERE status = 'processing' AND locked_until < now();
+-- What operators need.
 
 -- name: purge_published
+-- $1 age in seconds, $2 batch size.
 DELETE FROM {table}_done WHERE seq IN (
     SELECT seq FROM {table}_done
     WHERE published_at < now() - $1::float8 * interval '1 second'
-    ORDER BY published_at LIMIT $2);
+    ORDER BY published_at LIMIT $2::integer);
 
 -- name: purge_abandoned
+-- $1 age in seconds, $2 batch size.
 DELETE FROM {table}_done WHERE seq IN (
     SELECT seq FROM {table}_done
     WHERE abandoned_at < now() - $1::float8 * interval '1 second'
-    ORDER BY abandoned_at LIMIT $2);
+    ORDER BY abandoned_at LIMIT $2::integer);
 
 -- name: replay
--- Abandoned rows back to {table} as pending, under their own seq, with no attempts.
+-- Abandoned rows back to {table} as pending, under their own seq, with no attempts:
+-- $1 seqs (array text).
 WITH back AS (
-    DELETE FROM {table}_done WHERE status = 'abandoned' AND seq = ANY($1::bigint[])
+    DELETE FROM {table}_done
+    WHERE status = 'abandoned' AND seq = ANY($1::text::bigint[])
     RETURNING *
 )
 INSERT INTO {table} (seq, last_error, id, target, external, topic, key, partition, type,
@@ -317,10 +339,9 @@ SELECT b.seq, b.last_error, b.id, b.target, b.external, b.topic, b.key, b.partit
 FROM back b;
 
 -- name: abandoned
--- Abandoned rows (they live in {table}_done since 0007), newest first: $1 seq below
--- which to list (NULL: from the newest), $2 target (NULL: any), $3 limit. The
--- abandoned_at test lets the purge's partial index find them among published rows kept
--- under a retention.
+-- Abandoned rows, newest first: $1 seq below which to list (NULL: from the newest), $2
+-- target (NULL: any), $3 limit. The abandoned_at test lets the purge's partial index
+-- find them among published rows kept under a retention.
 SELECT seq, id, target, topic, key, type, attempts, last_error, abandoned_at, occurred_at
 FROM {table}_done
 WHERE abandoned_at IS NOT NULL AND status = 'abandoned'
@@ -329,14 +350,8 @@ WHERE abandoned_at IS NOT NULL AND status = 'abandoned'
 ORDER BY seq DESC
 LIMIT $3::integer;
 
--- name: schema_ready
--- Checked when a storage connects: the table of finished rows exists. Before migration
--- 0007 finished rows stayed in {table}, and this relaybox's reads, which take every row
--- there for a live one, would publish them again.
-SELECT to_regclass('{table}_done') IS NOT NULL;
-
 -- name: count_by_status
-SELECT status, count(*) FROM (
+SELECT status::text, count(*) FROM (
     SELECT status FROM {table} UNION ALL SELECT status FROM {table}_done) AS rows
 GROUP BY status;
 
@@ -348,8 +363,15 @@ WHERE status IN ('pending', 'failed') AND available_at <= now();
 SELECT count(*) FROM {table}
 WHERE status = 'processing' AND locked_until >= now();
 
--- Partition leases (seed 002). A heartbeat runs members_expire through partitions_take
--- in one transaction, in this order. Dead members go before the worker joins, so two
+-- name: probe
+-- Run when a storage connects: it fails (and says to migrate) if a table is missing.
+SELECT 1 FROM {table} WHERE false
+UNION ALL SELECT 1 FROM {table}_done WHERE false
+UNION ALL SELECT 1 FROM {table}_partitions WHERE false
+UNION ALL SELECT 1 FROM {table}_members WHERE false;
+
+-- Partition leases. A heartbeat runs members_expire through partitions_take in one
+-- transaction, in this order. Dead members go before the worker joins, so two
 -- heartbeats lock member rows in one order and cannot deadlock on them.
 
 -- name: members_expire
@@ -358,7 +380,7 @@ DELETE FROM {table}_members WHERE lease_until < now();
 -- name: member_join
 -- $1 worker, $2 lease seconds.
 INSERT INTO {table}_members (worker, lease_until)
-VALUES ($1, now() + $2::float8 * interval '1 second')
+VALUES ($1::text, now() + $2::float8 * interval '1 second')
 ON CONFLICT (worker) DO UPDATE SET lease_until = EXCLUDED.lease_until;
 
 -- name: partitions_create
@@ -375,31 +397,31 @@ SELECT count(*) FROM {table}_members WHERE lease_until >= now();
 -- $1 worker, $2 lease seconds. Returns every partition the worker holds.
 UPDATE {table}_partitions
 SET lease_until = now() + $2::float8 * interval '1 second'
-WHERE owner = $1
+WHERE owner = $1::text
 RETURNING partition;
 
 -- name: partitions_release
--- $1 worker, $2 the partitions it gives back.
+-- $1 worker, $2 the partitions it gives back (array text).
 UPDATE {table}_partitions SET owner = NULL, lease_until = NULL
-WHERE owner = $1 AND partition = ANY($2::integer[]);
+WHERE owner = $1::text AND partition = ANY($2::text::integer[]);
 
 -- name: partitions_take
 -- $1 worker, $2 lease seconds, $3 partitions, $4 how many. Free or expired ones, lowest
 -- first; SKIP LOCKED passes over rows another heartbeat is renewing or taking.
 UPDATE {table}_partitions p
-SET owner = $1, lease_until = now() + $2::float8 * interval '1 second'
+SET owner = $1::text, lease_until = now() + $2::float8 * interval '1 second'
 FROM (SELECT partition FROM {table}_partitions
       WHERE partition < $3::integer AND (owner IS NULL OR lease_until < now())
       ORDER BY partition
-      LIMIT $4
+      LIMIT $4::integer
       FOR UPDATE SKIP LOCKED) AS free
 WHERE p.partition = free.partition
 RETURNING p.partition;
 
 -- name: partitions_leave
 -- $1 worker.
-UPDATE {table}_partitions SET owner = NULL, lease_until = NULL WHERE owner = $1;
+UPDATE {table}_partitions SET owner = NULL, lease_until = NULL WHERE owner = $1::text;
 
 -- name: member_leave
 -- $1 worker.
-DELETE FROM {table}_members WHERE worker = $1;
+DELETE FROM {table}_members WHERE worker = $1::text;

@@ -1,4 +1,6 @@
--- SQLite queries, `?` placeholders bound in the order they appear.
+-- relaybox's named queries on SQLite. The writer's inserts take `?` placeholders in the
+-- order they appear (a bulk insert repeats insert_row); every other query numbers its
+-- parameters (?1 ...), as on PostgreSQL.
 -- Times: UTC text from strftime('%Y-%m-%d %H:%M:%f', 'now', <modifier>); a float of
 -- seconds becomes a modifier with printf('%+.3f seconds', ?) (NULL counts as 0).
 -- SQLite's clock ticks in milliseconds, so "expired" and "older than" are `<=` here:
@@ -29,21 +31,21 @@ VALUES;
     strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?)));
 
 -- name: claim
--- Run inside BEGIN IMMEDIATE, which serializes claims between processes.
--- partitions JSON or NULL, partition count, partitions again, targets JSON or NULL
--- (twice), limit, worker, token, lease seconds. A row's partition is its stored hash
--- modulo the count. Same rule as PostgreSQL: a candidate is dropped when an earlier live
--- row of its (target, key) is not itself a candidate.
--- Rows behind a head that is not due or is leased are skipped inside the scan, so a
--- key with a long blocked backlog never uses up the limit for the other keys.
+-- The row-lease claim. Run inside BEGIN IMMEDIATE, which serializes claims between
+-- processes. ?1 partitions JSON or NULL, ?2 partition count, ?3 targets JSON or NULL,
+-- ?4 limit, ?5 worker, ?6 token, ?7 lease seconds. A row's partition is its stored hash
+-- modulo the count. A candidate is dropped when an earlier live row of its (target,
+-- key) is not itself a candidate. Rows behind a head that is not due or is leased are
+-- skipped inside the scan, so a key with a long blocked backlog never uses up the
+-- limit for the other keys.
 WITH candidates AS MATERIALIZED (
     SELECT seq, target, "key" FROM {table} o
     WHERE status IN ('pending', 'processing', 'failed')
       AND CASE WHEN status = 'processing'
                THEN locked_until <= strftime('%Y-%m-%d %H:%M:%f', 'now')
                ELSE available_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') END
-      AND (? IS NULL OR "partition" % ? IN (SELECT value FROM json_each(?)))
-      AND (? IS NULL OR target IN (SELECT value FROM json_each(?)))
+      AND (?1 IS NULL OR "partition" % ?2 IN (SELECT value FROM json_each(?1)))
+      AND (?3 IS NULL OR target IN (SELECT value FROM json_each(?3)))
       AND ("key" IS NULL OR NOT EXISTS (
           SELECT 1 FROM {table} h
           WHERE h.target = o.target AND h."key" = o."key" AND h.seq < o.seq
@@ -52,7 +54,7 @@ WITH candidates AS MATERIALIZED (
                      THEN h.locked_until > strftime('%Y-%m-%d %H:%M:%f', 'now')
                      ELSE h.available_at > strftime('%Y-%m-%d %H:%M:%f', 'now') END))
     ORDER BY seq
-    LIMIT ?
+    LIMIT ?4
 ), claimable AS (
     SELECT c.seq FROM candidates c
     WHERE c."key" IS NULL OR NOT EXISTS (
@@ -62,8 +64,8 @@ WITH candidates AS MATERIALIZED (
           AND e.seq NOT IN (SELECT x.seq FROM candidates x))
 )
 UPDATE {table}
-SET status = 'processing', locked_by = ?, lock_token = ?,
-    locked_until = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?))
+SET status = 'processing', locked_by = ?5, lock_token = ?6,
+    locked_until = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?7))
 WHERE seq IN (SELECT seq FROM claimable)
 RETURNING seq, id, target, external, topic, "key", "partition", type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
@@ -73,16 +75,15 @@ RETURNING seq, id, target, external, topic, "key", "partition", type, content_ty
 -- The owned read of a relay that holds its partitions: due rows, oldest first, that
 -- no earlier live row of their (target, key) holds back (waiting, or claimed by a
 -- row-lease relay), leaving out what the relay has in flight. Nothing is written.
--- seqs in flight JSON, partitions JSON or NULL, partition count, partitions again,
--- targets JSON or NULL (twice), seqs in flight again, limit.
--- `clock` reads 'now' once: SQLite keeps 'now' only within one sqlite3_step, and each
--- row this SELECT returns is a step of its own. Read per row, a head whose delay ends
--- between two steps was not due when its own row was scanned, yet no longer held its
--- key back when a later row of the key was: that row came out first (found by the
--- conformance suite's random histories; tests/integration/test_sqlite_clock.py).
+-- ?1 seqs in flight JSON, ?2 partitions JSON or NULL, ?3 partition count, ?4 targets
+-- JSON or NULL, ?5 limit.
+-- `clock` reads 'now' once: SQLite keeps 'now' steady only within one sqlite3_step, and
+-- each row this SELECT returns is a step of its own. Read per row, a head whose delay
+-- ends between two steps would not be due when its own row was scanned, yet no longer
+-- hold its key back when a later row of the key was: that row would come out first.
 WITH busy(target, "key") AS MATERIALIZED (
     SELECT target, "key" FROM {table}
-    WHERE seq IN (SELECT value FROM json_each(?)) AND "key" IS NOT NULL
+    WHERE seq IN (SELECT value FROM json_each(?1)) AND "key" IS NOT NULL
 ), clock(now) AS MATERIALIZED (
     SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')
 )
@@ -94,11 +95,11 @@ WHERE status IN ('pending', 'processing', 'failed')
   AND CASE WHEN status = 'processing'
            THEN locked_until <= clock.now
            ELSE available_at <= clock.now END
-  AND (? IS NULL OR "partition" % ? IN (SELECT value FROM json_each(?)))
-  AND (? IS NULL OR target IN (SELECT value FROM json_each(?)))
+  AND (?2 IS NULL OR "partition" % ?3 IN (SELECT value FROM json_each(?2)))
+  AND (?4 IS NULL OR target IN (SELECT value FROM json_each(?4)))
   AND ("key" IS NULL OR NOT EXISTS (
       SELECT 1 FROM busy b WHERE b.target = o.target AND b."key" = o."key"))
-  AND seq NOT IN (SELECT value FROM json_each(?))
+  AND seq NOT IN (SELECT value FROM json_each(?1))
   AND ("key" IS NULL OR NOT EXISTS (
       SELECT 1 FROM {table} h
       WHERE h.target = o.target AND h."key" = o."key" AND h.seq < o.seq
@@ -107,130 +108,130 @@ WHERE status IN ('pending', 'processing', 'failed')
                  THEN h.locked_until > clock.now
                  ELSE h.available_at > clock.now END))
 ORDER BY seq
-LIMIT ?;
+LIMIT ?5;
 
 -- The owned settle: each statement changes only live rows in partitions the worker
--- holds (stored hash modulo the partition count); one transaction runs them all.
+-- holds (stored hash modulo the partition count); a settle that needs several runs them
+-- in one transaction.
 
 -- name: fail_owned
--- failures JSON [[seq, error, retry_in], ...], partition count, worker.
+-- ?1 failures JSON [[seq, error, retry_in], ...], ?2 worker, ?3 partition count.
 UPDATE {table} AS o
 SET status = 'failed', attempts = o.attempts + 1, last_error = f.error,
     available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', f.retry_in)),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
 FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS error,
              json_extract(value, '$[2]') AS retry_in
-      FROM json_each(?)) AS f
+      FROM json_each(?1)) AS f
 WHERE o.seq = f.seq AND o.status IN ('pending', 'processing', 'failed')
-  AND o."partition" % ? IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?);
+  AND o."partition" % ?3 IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?2);
 
 -- name: abandon_owned
--- failures JSON [[seq, error], ...], partition count, worker.
+-- ?1 failures JSON [[seq, error], ...], ?2 worker, ?3 partition count.
 UPDATE {table} AS o
 SET status = 'abandoned', attempts = o.attempts + 1, last_error = f.error,
     abandoned_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
 FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS error
-      FROM json_each(?)) AS f
+      FROM json_each(?1)) AS f
 WHERE o.seq = f.seq AND o.status IN ('pending', 'processing', 'failed')
-  AND o."partition" % ? IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?);
+  AND o."partition" % ?3 IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?2);
 
 -- name: delete_owned
--- seqs JSON, partition count, worker.
+-- ?1 seqs JSON, ?2 worker, ?3 partition count.
 DELETE FROM {table}
-WHERE seq IN (SELECT value FROM json_each(?)) AND status IN ('pending', 'processing', 'failed')
-  AND "partition" % ? IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?);
+WHERE seq IN (SELECT value FROM json_each(?1)) AND status IN ('pending', 'processing', 'failed')
+  AND "partition" % ?3 IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?2);
 
 -- name: publish_owned
--- seqs JSON, partition count, worker.
+-- ?1 seqs JSON, ?2 worker, ?3 partition count.
 UPDATE {table}
 SET status = 'published', published_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
-WHERE seq IN (SELECT value FROM json_each(?)) AND status IN ('pending', 'processing', 'failed')
-  AND "partition" % ? IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?);
+WHERE seq IN (SELECT value FROM json_each(?1)) AND status IN ('pending', 'processing', 'failed')
+  AND "partition" % ?3 IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?2);
+
+-- The row-lease marks: each changes only rows still in processing under the claim's
+-- token.
 
 -- name: mark_published
--- seqs JSON, token.
+-- ?1 seqs JSON, ?2 token.
 UPDATE {table}
 SET status = 'published', published_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
-WHERE seq IN (SELECT value FROM json_each(?)) AND lock_token = ? AND status = 'processing';
+WHERE seq IN (SELECT value FROM json_each(?1)) AND lock_token = ?2 AND status = 'processing';
 
 -- name: delete_published
--- seqs JSON, token.
+-- ?1 seqs JSON, ?2 token.
 DELETE FROM {table}
-WHERE seq IN (SELECT value FROM json_each(?)) AND lock_token = ? AND status = 'processing';
+WHERE seq IN (SELECT value FROM json_each(?1)) AND lock_token = ?2 AND status = 'processing';
 
 -- name: mark_failed
--- failures JSON [[seq, error, retry_in], ...], token.
+-- ?1 failures JSON [[seq, error, retry_in], ...], ?2 token.
 UPDATE {table} AS o
 SET status = 'failed', attempts = o.attempts + 1, last_error = f.error,
     available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', f.retry_in)),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
 FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS error,
              json_extract(value, '$[2]') AS retry_in
-      FROM json_each(?)) AS f
-WHERE o.seq = f.seq AND o.lock_token = ? AND o.status = 'processing';
+      FROM json_each(?1)) AS f
+WHERE o.seq = f.seq AND o.lock_token = ?2 AND o.status = 'processing';
 
 -- name: abandon
--- failures JSON [[seq, error], ...], token.
+-- ?1 failures JSON [[seq, error], ...], ?2 token.
 UPDATE {table} AS o
 SET status = 'abandoned', attempts = o.attempts + 1, last_error = f.error,
     abandoned_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
 FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS error
-      FROM json_each(?)) AS f
-WHERE o.seq = f.seq AND o.lock_token = ? AND o.status = 'processing';
+      FROM json_each(?1)) AS f
+WHERE o.seq = f.seq AND o.lock_token = ?2 AND o.status = 'processing';
 
 -- name: release
--- seqs JSON, token.
+-- ?1 seqs JSON, ?2 token.
 UPDATE {table}
 SET status = 'pending', locked_by = NULL, locked_until = NULL, lock_token = NULL
-WHERE seq IN (SELECT value FROM json_each(?)) AND lock_token = ? AND status = 'processing';
+WHERE seq IN (SELECT value FROM json_each(?1)) AND lock_token = ?2 AND status = 'processing';
 
 -- name: renew
--- lease seconds, seqs JSON, token.
+-- ?1 seqs JSON, ?2 token, ?3 lease seconds.
 UPDATE {table}
-SET locked_until = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?))
-WHERE seq IN (SELECT value FROM json_each(?)) AND lock_token = ? AND status = 'processing';
+SET locked_until = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?3))
+WHERE seq IN (SELECT value FROM json_each(?1)) AND lock_token = ?2 AND status = 'processing';
 
--- name: recover_expired
-UPDATE {table}
-SET status = 'pending', locked_by = NULL, locked_until = NULL, lock_token = NULL
-WHERE status IN ('pending', 'processing', 'failed') AND status = 'processing'
-  AND locked_until <= strftime('%Y-%m-%d %H:%M:%f', 'now');
+-- What operators need.
 
 -- name: purge_published
--- age seconds, batch size.
+-- ?1 age seconds, ?2 batch size.
 DELETE FROM {table} WHERE seq IN (
     SELECT seq FROM {table}
     WHERE status = 'published'
-      AND published_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -?))
-    ORDER BY published_at LIMIT ?);
+      AND published_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -?1))
+    ORDER BY published_at LIMIT ?2);
 
 -- name: purge_abandoned
--- age seconds, batch size.
+-- ?1 age seconds, ?2 batch size.
 DELETE FROM {table} WHERE seq IN (
     SELECT seq FROM {table}
     WHERE status = 'abandoned'
-      AND abandoned_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -?))
-    ORDER BY abandoned_at LIMIT ?);
+      AND abandoned_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -?1))
+    ORDER BY abandoned_at LIMIT ?2);
 
 -- name: replay
--- seqs JSON.
+-- ?1 seqs JSON.
 UPDATE {table}
 SET status = 'pending', attempts = 0, available_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
     abandoned_at = NULL
-WHERE status = 'abandoned' AND seq IN (SELECT value FROM json_each(?));
+WHERE status = 'abandoned' AND seq IN (SELECT value FROM json_each(?1));
 
 -- name: abandoned
--- Abandoned rows, newest first: seq below which to list (NULL: from the newest), twice;
--- target (NULL: any), twice; limit.
+-- Abandoned rows, newest first: ?1 seq below which to list (NULL: from the newest),
+-- ?2 target (NULL: any), ?3 limit.
 SELECT seq, id, target, topic, "key", type, attempts, last_error, abandoned_at, occurred_at
 FROM {table}
-WHERE status = 'abandoned' AND (? IS NULL OR seq < ?) AND (? IS NULL OR target = ?)
+WHERE status = 'abandoned' AND (?1 IS NULL OR seq < ?1) AND (?2 IS NULL OR target = ?2)
 ORDER BY seq DESC
-LIMIT ?;
+LIMIT ?3;
 
 -- name: count_by_status
 SELECT status, count(*) FROM {table} GROUP BY status;
@@ -245,21 +246,27 @@ SELECT count(*) FROM {table}
 WHERE status IN ('pending', 'processing', 'failed') AND status = 'processing'
   AND locked_until > strftime('%Y-%m-%d %H:%M:%f', 'now');
 
--- Partition leases (seed 002). A heartbeat runs members_expire through partitions_take
--- in one BEGIN IMMEDIATE transaction, in this order.
+-- name: probe
+-- Run when a storage connects: it fails (and says to migrate) if a table is missing.
+SELECT 1 FROM {table} WHERE 0
+UNION ALL SELECT 1 FROM {table}_partitions WHERE 0
+UNION ALL SELECT 1 FROM {table}_members WHERE 0;
+
+-- Partition leases. A heartbeat runs members_expire through partitions_take in one
+-- BEGIN IMMEDIATE transaction, in this order.
 
 -- name: members_expire
 DELETE FROM {table}_members WHERE lease_until <= strftime('%Y-%m-%d %H:%M:%f', 'now');
 
 -- name: member_join
--- worker, lease seconds.
+-- ?1 worker, ?2 lease seconds.
 INSERT INTO {table}_members (worker, lease_until)
-VALUES (?, strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?)))
+VALUES (?1, strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?2)))
 ON CONFLICT (worker) DO UPDATE SET lease_until = excluded.lease_until;
 
 -- name: partitions_create
--- partitions. `WHERE true` tells the parser that ON CONFLICT is not a join constraint.
-WITH RECURSIVE numbers(p) AS (SELECT 0 UNION ALL SELECT p + 1 FROM numbers WHERE p + 1 < ?)
+-- ?1 partitions. `WHERE true` tells the parser that ON CONFLICT is not a join constraint.
+WITH RECURSIVE numbers(p) AS (SELECT 0 UNION ALL SELECT p + 1 FROM numbers WHERE p + 1 < ?1)
 INSERT INTO {table}_partitions ("partition")
 SELECT p FROM numbers WHERE true
 ON CONFLICT ("partition") DO NOTHING;
@@ -269,33 +276,34 @@ SELECT count(*) FROM {table}_members
 WHERE lease_until > strftime('%Y-%m-%d %H:%M:%f', 'now');
 
 -- name: partitions_renew
--- lease seconds, worker. Returns every partition the worker holds.
+-- ?1 worker, ?2 lease seconds. Returns every partition the worker holds.
 UPDATE {table}_partitions
-SET lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?))
-WHERE owner = ?
+SET lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?2))
+WHERE owner = ?1
 RETURNING "partition";
 
 -- name: partitions_release
--- worker, the partitions it gives back as JSON.
+-- ?1 worker, ?2 the partitions it gives back as JSON.
 UPDATE {table}_partitions SET owner = NULL, lease_until = NULL
-WHERE owner = ? AND "partition" IN (SELECT value FROM json_each(?));
+WHERE owner = ?1 AND "partition" IN (SELECT value FROM json_each(?2));
 
 -- name: partitions_take
--- worker, lease seconds, partitions, how many. Free or expired ones, lowest first.
+-- ?1 worker, ?2 lease seconds, ?3 partitions, ?4 how many. Free or expired ones, lowest
+-- first.
 UPDATE {table}_partitions
-SET owner = ?, lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?))
+SET owner = ?1, lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?2))
 WHERE "partition" IN (
     SELECT "partition" FROM {table}_partitions
-    WHERE "partition" < ?
+    WHERE "partition" < ?3
       AND (owner IS NULL OR lease_until <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
     ORDER BY "partition"
-    LIMIT ?)
+    LIMIT ?4)
 RETURNING "partition";
 
 -- name: partitions_leave
--- worker.
-UPDATE {table}_partitions SET owner = NULL, lease_until = NULL WHERE owner = ?;
+-- ?1 worker.
+UPDATE {table}_partitions SET owner = NULL, lease_until = NULL WHERE owner = ?1;
 
 -- name: member_leave
--- worker.
-DELETE FROM {table}_members WHERE worker = ?;
+-- ?1 worker.
+DELETE FROM {table}_members WHERE worker = ?1;

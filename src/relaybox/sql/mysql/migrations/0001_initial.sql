@@ -1,3 +1,6 @@
+-- Migration 0001: relaybox's outbox on MySQL and MariaDB, as first released (schema.sql is the
+-- whole schema today; tests/migration holds the two to each other).
+
 -- The outbox: one row per (message, target). Times are UTC (DATETIME(6) has no zone).
 -- MariaDB and MySQL have no partial indexes: the claim's index leads with status (one
 -- range per live status) and the key index holds live_key, NULL once a row is finished,
@@ -45,4 +48,37 @@ CREATE TABLE IF NOT EXISTS {table} (
     KEY {prefix}_abandoned_ix (abandoned_at),
     CONSTRAINT {prefix}_status_ck
         CHECK (status IN ('pending', 'processing', 'published', 'failed', 'abandoned'))
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- Writers of one key take turns. Sequences are assigned at insert, not at commit: if
+-- two transactions wrote one key concurrently, seq 2 could commit (and be published)
+-- while seq 1 was still in flight. So before inserting, a writer locks its keys' slots
+-- in this table (SELECT ... FOR UPDATE, held to its commit). 4096 fixed slots: no
+-- growth, no writes, and two keys share a slot with probability 1/4096.
+CREATE TABLE IF NOT EXISTS {table}_key_locks (
+    slot INT NOT NULL PRIMARY KEY
+) ENGINE=InnoDB;
+
+INSERT IGNORE INTO {table}_key_locks (slot)
+SELECT a.n * 256 + b.n * 16 + c.n
+FROM (SELECT 0 AS n UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9 UNION ALL SELECT 10 UNION ALL SELECT 11 UNION ALL SELECT 12 UNION ALL SELECT 13 UNION ALL SELECT 14 UNION ALL SELECT 15) AS a
+CROSS JOIN (SELECT 0 AS n UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9 UNION ALL SELECT 10 UNION ALL SELECT 11 UNION ALL SELECT 12 UNION ALL SELECT 13 UNION ALL SELECT 14 UNION ALL SELECT 15) AS b
+CROSS JOIN (SELECT 0 AS n UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9 UNION ALL SELECT 10 UNION ALL SELECT 11 UNION ALL SELECT 12 UNION ALL SELECT 13 UNION ALL SELECT 14 UNION ALL SELECT 15) AS c;
+
+-- Partition leases: which relay processes are alive, and which of them owns
+-- each partition of the keys, until when. Every heartbeat renews both (queries.sql).
+-- Times are UTC, as in the outbox table.
+CREATE TABLE IF NOT EXISTS {table}_members (
+    worker      VARCHAR(255) NOT NULL,
+    lease_until DATETIME(6) NOT NULL,
+    joined_at   DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    PRIMARY KEY (worker)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+CREATE TABLE IF NOT EXISTS {table}_partitions (
+    `partition` INT NOT NULL,
+    owner       VARCHAR(255) NULL,
+    lease_until DATETIME(6) NULL,
+    PRIMARY KEY (`partition`),
+    CONSTRAINT {prefix}_partitions_lease_ck CHECK ((owner IS NULL) = (lease_until IS NULL))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

@@ -1,13 +1,30 @@
--- The outbox: one row per (message, target).
--- A claim must cost little more than the delete that follows it. So the claim updates
--- no indexed column and touches no column of an index predicate (only the finish
--- timestamps are), and pages keep half their room free: the claim is then a
--- heap-only (HOT) update with no index entries, measured at 2x the drain rate of a
--- plain update. Mutable columns come first so an UPDATE's WAL record shares a long
--- suffix with the old tuple (PostgreSQL logs only the changed middle).
+-- Migration 0001: relaybox's outbox on PostgreSQL, as first released (schema.sql is the
+-- whole schema today; tests/migration holds the two to each other).
+
+-- The status of a row. An enum rather than a CHECK constraint: PostgreSQL re-reads a
+-- table's CHECK expressions for every INSERT statement, which is a cost on every writer
+-- transaction; an enum column checks its values for nothing.
+DO $$
+BEGIN
+    CREATE TYPE {table}_status AS ENUM (
+        'pending', 'processing', 'published', 'failed', 'abandoned');
+EXCEPTION WHEN duplicate_object THEN NULL;
+END
+$$;
+
+-- The live rows: one per (message, target) that is pending, processing or failed.
+-- Rows that finish move to {table}_done in the statement that finishes them (or are
+-- deleted), so every row here is live, the primary key is the relay's ordered walk, and
+-- a writer's INSERT enters no index about finishing.
+-- A row-lease claim updates no indexed column and pages keep half their room free
+-- (fillfactor 50), so a claim is a heap-only update that writes no index entry.
+-- Mutable columns come first, so an UPDATE's WAL record shares a long suffix with the
+-- old tuple (PostgreSQL logs only the changed middle). target and key compare byte by
+-- byte (COLLATE "C"): an index step is then a memcmp, not a collation call, and their
+-- order never meant more than grouping.
 CREATE TABLE IF NOT EXISTS {table} (
     seq            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    status         text NOT NULL DEFAULT 'pending',
+    status         {table}_status NOT NULL DEFAULT 'pending',
     attempts       integer NOT NULL DEFAULT 0,
     available_at   timestamptz NOT NULL DEFAULT now(),
     locked_by      text,
@@ -17,10 +34,10 @@ CREATE TABLE IF NOT EXISTS {table} (
     abandoned_at   timestamptz,
     last_error     text,
     id             uuid NOT NULL,
-    target         text NOT NULL,
+    target         text COLLATE "C" NOT NULL,
     external       boolean NOT NULL DEFAULT false,
     topic          text NOT NULL,
-    key            text,
+    key            text COLLATE "C",
     partition      integer NOT NULL,
     type           text NOT NULL,
     content_type   text NOT NULL,
@@ -31,25 +48,314 @@ CREATE TABLE IF NOT EXISTS {table} (
     tenant_id      text,
     aggregate_id   text,
     occurred_at    timestamptz NOT NULL,
-    created_at     timestamptz NOT NULL DEFAULT now(),
-    CONSTRAINT {prefix}_status_ck
-        CHECK (status IN ('pending', 'processing', 'published', 'failed', 'abandoned')),
-    -- A row is live (pending, processing, failed) exactly while both are NULL.
-    CONSTRAINT {prefix}_finished_ck
-        CHECK ((published_at IS NOT NULL) = (status = 'published')
-               AND (abandoned_at IS NOT NULL) = (status = 'abandoned'))
+    created_at     timestamptz NOT NULL DEFAULT now()
 ) WITH (fillfactor = 50);
 
--- The claim walks live rows in sequence order; finished rows are not in this index.
-CREATE INDEX IF NOT EXISTS {prefix}_live_ix ON {table} (seq)
-    WHERE published_at IS NULL AND abandoned_at IS NULL;
+-- Per-key order: "is there an earlier row of this (target, key)?", and the heads of
+-- keys past a read's window (a loose scan, one probe per key).
+CREATE INDEX IF NOT EXISTS {prefix}_keyed_ix ON {table} (target, key, seq)
+    WHERE key IS NOT NULL;
 
--- Per-key order: "is there an earlier live row of this (target, key)?"
-CREATE INDEX IF NOT EXISTS {prefix}_key_ix ON {table} (target, key, seq)
-    WHERE key IS NOT NULL AND published_at IS NULL AND abandoned_at IS NULL;
+-- Keyless rows in seq order, found past a window that keyed rows blocked.
+CREATE INDEX IF NOT EXISTS {prefix}_unkeyed_ix ON {table} (seq)
+    WHERE key IS NULL;
+
+-- Rows that wait (a delay, or the backoff after a failed attempt) and so may hold their
+-- key back: a read learns which keys wait from this index alone. A row written without
+-- a delay never enters it; a writer only evaluates the predicate.
+CREATE INDEX IF NOT EXISTS {prefix}_waits_ix ON {table} (target, key, seq)
+    WHERE key IS NOT NULL AND available_at > created_at;
+
+-- Finished rows kept a while: published ones under a published retention, abandoned ones
+-- until the abandoned retention ends (operators list and replay them from here). The
+-- same columns as {table}; seq is the row's own, not drawn again.
+CREATE TABLE IF NOT EXISTS {table}_done (
+    LIKE {table} INCLUDING DEFAULTS,
+    PRIMARY KEY (seq)
+);
 
 -- Retention purges.
-CREATE INDEX IF NOT EXISTS {prefix}_published_ix ON {table} (published_at)
+CREATE INDEX IF NOT EXISTS {prefix}_published_done_ix ON {table}_done (published_at)
     WHERE published_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS {prefix}_abandoned_ix ON {table} (abandoned_at)
+CREATE INDEX IF NOT EXISTS {prefix}_abandoned_done_ix ON {table}_done (abandoned_at)
     WHERE abandoned_at IS NOT NULL;
+
+-- Partition leases: which relay processes are alive, and which of them owns each
+-- partition of the keys, until when. Every heartbeat renews both (queries.sql).
+CREATE TABLE IF NOT EXISTS {table}_members (
+    worker      text PRIMARY KEY,
+    lease_until timestamptz NOT NULL,
+    joined_at   timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS {table}_partitions (
+    partition   integer PRIMARY KEY,
+    owner       text,
+    lease_until timestamptz,
+    CONSTRAINT {prefix}_partitions_lease_ck CHECK ((owner IS NULL) = (lease_until IS NULL))
+);
+
+-- The row-lease claim, for relays run without partition leases, in one round trip.
+-- Claims of one partition take turns: a claim first takes transaction-scoped advisory
+-- locks (the two-int key space, apart from the writers' bigint key locks): (p_lock_key,
+-- -1) shared and (p_lock_key, p) per partition in order, or (p_lock_key, -1) exclusive
+-- for a claim over every partition. As no other claim runs on these rows at once, and
+-- marks, renewals and releases only touch rows in processing (which a claim never
+-- takes), an earlier live row of a taken row is always taken too: no SKIP LOCKED and
+-- no row locks before the update.
+-- It walks a window of the first 4 x p_limit rows of its partitions and targets in seq
+-- order and takes those that are due and have no earlier row of their (target, key) in
+-- processing, not due, or outside this claim's partitions. When the window is full and
+-- yields fewer than p_limit rows (every key's head in flight or waiting), what lies past
+-- it is found without reading the blocked rows: the head of every key (a loose scan of
+-- {prefix}_keyed_ix, one probe per key) and keyless rows ({prefix}_unkeyed_ix). A head
+-- that may be taken brings the run of its key behind it, up to the first row that may
+-- not; the room left is shared evenly between the heads (rounded up: the oldest win).
+-- Heads and keyless rows are never blocked and a run is a key's rows in order from its
+-- head, so order holds; the cost is the window plus one probe per key, not one per
+-- blocked row.
+-- A row whose lease ran out goes back to pending (expired = true, not claimed) and
+-- blocks its key in this call; the caller claims again, which takes it and what waited
+-- behind it, in order. A row's partition is its stored key hash modulo p_count.
+CREATE OR REPLACE FUNCTION {prefix}_claim(
+    p_worker text, p_limit integer, p_partitions integer[], p_count integer,
+    p_targets text[], p_token uuid, p_lease float8, p_lock_key integer)
+RETURNS TABLE (
+    expired boolean, seq bigint, id uuid, target text, external boolean, topic text,
+    key text, partition integer, type text, content_type text, payload bytea,
+    headers text, correlation_id text, causation_id text, tenant_id text,
+    aggregate_id text, occurred_at timestamptz, attempts integer)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_window integer := 4 * p_limit;
+    v_seqs bigint[];
+    v_seen integer;
+    v_last bigint;
+    v_room integer;
+    v_heads bigint[];
+    v_head_targets text[];
+    v_head_keys text[];
+    v_per_key integer;
+BEGIN
+    IF p_partitions IS NULL THEN
+        PERFORM pg_advisory_xact_lock(p_lock_key, -1);
+    ELSE
+        PERFORM pg_advisory_xact_lock_shared(p_lock_key, -1);
+        PERFORM pg_advisory_xact_lock(p_lock_key, ordered.p)
+        FROM (SELECT DISTINCT unnest(p_partitions) AS p ORDER BY 1) AS ordered;
+    END IF;
+    v_seqs := ARRAY(
+        SELECT w.seq FROM (
+            SELECT o.seq, o.target, o.key, o.status, o.locked_until, o.available_at
+            FROM {table} o
+            WHERE (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
+              AND (p_targets IS NULL OR o.target = ANY(p_targets))
+            ORDER BY o.seq
+            LIMIT v_window) AS w
+        WHERE CASE WHEN w.status = 'processing' THEN w.locked_until < now()
+                   ELSE w.available_at <= now() END
+          AND (w.key IS NULL OR w.status = 'processing' OR NOT EXISTS (
+              SELECT 1 FROM {table} h
+              WHERE h.target = w.target AND h.key = w.key AND h.seq < w.seq
+                AND h.key IS NOT NULL
+                AND (h.status = 'processing' OR h.available_at > now()
+                     OR NOT (h.partition % p_count
+                             = ANY(coalesce(p_partitions, ARRAY[h.partition % p_count]))))))
+        ORDER BY w.seq
+        LIMIT p_limit);
+    IF cardinality(v_seqs) < p_limit THEN
+        SELECT count(*), max(w.seq) INTO v_seen, v_last FROM (
+            SELECT o.seq FROM {table} o
+            WHERE (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
+              AND (p_targets IS NULL OR o.target = ANY(p_targets))
+            ORDER BY o.seq
+            LIMIT v_window) AS w;
+    END IF;
+
+    IF v_seen = v_window AND cardinality(v_seqs) < p_limit THEN
+        v_room := p_limit - cardinality(v_seqs);
+        SELECT coalesce(array_agg(c.seq ORDER BY c.seq), '{}'),
+               array_agg(c.target ORDER BY c.seq), array_agg(c.key ORDER BY c.seq)
+        INTO v_heads, v_head_targets, v_head_keys
+        FROM (
+            SELECT o.seq, o.target, o.key FROM (
+                WITH RECURSIVE heads AS (
+                    (SELECT k.target, k.key, k.seq FROM {table} k
+                     WHERE k.key IS NOT NULL
+                     ORDER BY k.target, k.key, k.seq LIMIT 1)
+                    UNION ALL
+                    SELECT n.target, n.key, n.seq FROM heads p, LATERAL (
+                        SELECT k.target, k.key, k.seq FROM {table} k
+                        WHERE k.key IS NOT NULL
+                          AND (k.target, k.key) > (p.target, p.key)
+                        ORDER BY k.target, k.key, k.seq LIMIT 1) n
+                )
+                SELECT heads.seq FROM heads WHERE heads.seq > v_last
+            ) AS head
+            JOIN {table} o ON o.seq = head.seq
+            WHERE (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
+              AND (p_targets IS NULL OR o.target = ANY(p_targets))
+              AND CASE WHEN o.status = 'processing' THEN o.locked_until < now()
+                       ELSE o.available_at <= now() END
+            UNION ALL
+            (SELECT o.seq, o.target, o.key FROM {table} o
+             WHERE o.key IS NULL
+               AND o.seq > v_last
+               AND (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
+               AND (p_targets IS NULL OR o.target = ANY(p_targets))
+               AND CASE WHEN o.status = 'processing' THEN o.locked_until < now()
+                        ELSE o.available_at <= now() END
+             ORDER BY o.seq
+             LIMIT v_room)
+            ORDER BY 1
+            LIMIT v_room
+        ) AS c;
+        v_per_key := (v_room + cardinality(v_heads) - 1) / greatest(cardinality(v_heads), 1);
+        v_seqs := v_seqs || ARRAY(
+            SELECT x.seq FROM (
+                SELECT hd.seq FROM unnest(v_heads, v_head_keys) AS hd(seq, key)
+                WHERE hd.key IS NULL
+                UNION ALL
+                SELECT r.seq
+                FROM unnest(v_heads, v_head_targets, v_head_keys) AS hd(seq, target, key),
+                LATERAL (
+                    SELECT k.seq, bool_and(k.status <> 'processing'
+                                           AND k.available_at <= now()
+                                           AND k.partition % p_count = ANY(coalesce(
+                                               p_partitions, ARRAY[k.partition % p_count])))
+                                  OVER (ORDER BY k.seq) AS ok
+                    FROM {table} k
+                    WHERE k.target = hd.target AND k.key = hd.key AND k.seq >= hd.seq
+                      AND k.key IS NOT NULL
+                    ORDER BY k.seq
+                    LIMIT v_per_key) AS r
+                WHERE hd.key IS NOT NULL AND (r.seq = hd.seq OR r.ok)
+            ) AS x
+            ORDER BY x.seq
+            LIMIT v_room);
+    END IF;
+
+    RETURN QUERY
+    UPDATE {table} o
+    SET status = CASE WHEN o.status = 'processing' THEN 'pending'::{table}_status
+                      ELSE 'processing'::{table}_status END,
+        locked_by = CASE WHEN o.status = 'processing' THEN NULL ELSE p_worker END,
+        lock_token = CASE WHEN o.status = 'processing' THEN NULL ELSE p_token END,
+        locked_until = CASE WHEN o.status = 'processing' THEN NULL
+                            ELSE clock_timestamp() + p_lease * interval '1 second' END
+    WHERE o.seq = ANY (v_seqs)
+      AND CASE WHEN o.status = 'processing' THEN o.locked_until < now()
+               ELSE o.available_at <= now() END
+    RETURNING o.status = 'pending', o.seq, o.id, o.target, o.external, o.topic, o.key,
+        o.partition % p_count, o.type, o.content_type, o.payload, o.headers::text,
+        o.correlation_id, o.causation_id, o.tenant_id, o.aggregate_id, o.occurred_at,
+        o.attempts;
+END
+$$;
+
+-- The owned read's second half. A relay that holds partitions reads them with one
+-- statement (queries.sql, `read`) over a window of its due rows; when the window gives
+-- fewer than p_limit rows and was full (the relay's in-flight rows and the keys they
+-- hold, or waiting keys, filled it), this finds the rows past it as the claim above
+-- does: the heads of keys and keyless rows past the window, each head with its run, up
+-- to p_room rows, in seq order. p_window is the window's size (2 x limit + rows in
+-- flight). It writes nothing.
+CREATE OR REPLACE FUNCTION {prefix}_read_past(
+    p_room integer, p_partitions integer[], p_count integer, p_targets text[],
+    p_busy bigint[], p_window integer)
+RETURNS TABLE (
+    seq bigint, id uuid, target text, external boolean, topic text,
+    key text, partition integer, type text, content_type text, payload bytea,
+    headers text, correlation_id text, causation_id text, tenant_id text,
+    aggregate_id text, occurred_at timestamptz, attempts integer, blocked boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_seqs bigint[];
+    v_seen integer;
+    v_last bigint;
+    v_heads bigint[];
+    v_head_targets text[];
+    v_head_keys text[];
+    v_per_key integer;
+BEGIN
+    SELECT count(*), max(w.seq) INTO v_seen, v_last FROM (
+        SELECT o.seq FROM {table} o
+        WHERE (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
+          AND (p_targets IS NULL OR o.target = ANY(p_targets))
+        ORDER BY o.seq
+        LIMIT p_window) AS w;
+    IF v_seen < p_window OR p_room < 1 THEN
+        RETURN;  -- the window held every live row: nothing lies past it
+    END IF;
+    -- Past the window: heads that are due, neither in flight nor in processing, and
+    -- keyless rows not in flight, oldest first; each head brings its run.
+    SELECT coalesce(array_agg(c.seq ORDER BY c.seq), '{}'),
+           array_agg(c.target ORDER BY c.seq), array_agg(c.key ORDER BY c.seq)
+    INTO v_heads, v_head_targets, v_head_keys
+    FROM (
+        SELECT o.seq, o.target, o.key FROM (
+            WITH RECURSIVE heads AS (
+                (SELECT k.target, k.key, k.seq FROM {table} k
+                 WHERE k.key IS NOT NULL
+                 ORDER BY k.target, k.key, k.seq LIMIT 1)
+                UNION ALL
+                SELECT n.target, n.key, n.seq FROM heads p, LATERAL (
+                    SELECT k.target, k.key, k.seq FROM {table} k
+                    WHERE k.key IS NOT NULL
+                      AND (k.target, k.key) > (p.target, p.key)
+                    ORDER BY k.target, k.key, k.seq LIMIT 1) n
+            )
+            SELECT heads.seq FROM heads WHERE heads.seq > v_last
+        ) AS head
+        JOIN {table} o ON o.seq = head.seq
+        WHERE (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
+          AND (p_targets IS NULL OR o.target = ANY(p_targets))
+          AND o.status <> 'processing' AND o.available_at <= now()
+          AND o.seq NOT IN (SELECT unnest(p_busy))
+        UNION ALL
+        (SELECT o.seq, o.target, o.key FROM {table} o
+         WHERE o.key IS NULL
+           AND o.seq > v_last
+           AND (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
+           AND (p_targets IS NULL OR o.target = ANY(p_targets))
+           AND o.status <> 'processing' AND o.available_at <= now()
+           AND o.seq NOT IN (SELECT unnest(p_busy))
+         ORDER BY o.seq
+         LIMIT p_room)
+        ORDER BY 1
+        LIMIT p_room
+    ) AS c;
+    v_per_key := (p_room + cardinality(v_heads) - 1) / greatest(cardinality(v_heads), 1);
+    v_seqs := ARRAY(
+        SELECT x.seq FROM (
+            SELECT hd.seq FROM unnest(v_heads, v_head_keys) AS hd(seq, key)
+            WHERE hd.key IS NULL
+            UNION ALL
+            SELECT r.seq
+            FROM unnest(v_heads, v_head_targets, v_head_keys) AS hd(seq, target, key),
+            LATERAL (
+                SELECT k.seq, bool_and(k.status <> 'processing'
+                                       AND k.available_at <= now()
+                                       AND k.partition % p_count = ANY(coalesce(
+                                           p_partitions, ARRAY[k.partition % p_count])))
+                              OVER (ORDER BY k.seq) AS ok
+                FROM {table} k
+                WHERE k.target = hd.target AND k.key = hd.key AND k.seq >= hd.seq
+                  AND k.key IS NOT NULL
+                ORDER BY k.seq
+                LIMIT v_per_key) AS r
+            WHERE hd.key IS NOT NULL AND r.ok
+        ) AS x
+        ORDER BY x.seq
+        LIMIT p_room);
+    RETURN QUERY
+    SELECT o.seq, o.id, o.target, o.external, o.topic, o.key, o.partition % p_count,
+        o.type, o.content_type, o.payload, o.headers::text, o.correlation_id,
+        o.causation_id, o.tenant_id, o.aggregate_id, o.occurred_at,
+        o.attempts, false
+    FROM unnest(v_seqs) AS x(seq) JOIN {table} o ON o.seq = x.seq
+    ORDER BY o.seq;
+END
+$$;

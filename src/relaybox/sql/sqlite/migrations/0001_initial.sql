@@ -1,4 +1,9 @@
--- The outbox: one row per (message, target), as on PostgreSQL.
+-- Migration 0001: relaybox's outbox on SQLite, as first released (schema.sql is the
+-- whole schema today; tests/migration holds the two to each other).
+
+-- The outbox: one row per (message, target). Finished rows (published under a
+-- retention, abandoned) stay here with their status; partial indexes keep them out of
+-- the relay's way.
 -- Times are UTC text 'YYYY-MM-DD HH:MM:SS.SSS' from strftime('%Y-%m-%d %H:%M:%f', 'now'),
 -- so they compare correctly as strings. AUTOINCREMENT: a seq is never reused after a
 -- delete, so sequence order stays write order across purges.
@@ -50,3 +55,18 @@ CREATE INDEX IF NOT EXISTS {prefix}_published_ix ON {table} (published_at)
     WHERE status = 'published';
 CREATE INDEX IF NOT EXISTS {prefix}_abandoned_ix ON {table} (abandoned_at)
     WHERE status = 'abandoned';
+
+-- Partition leases: which relay processes are alive, and which of them owns
+-- each partition of the keys, until when. Every heartbeat renews both (queries.sql).
+CREATE TABLE IF NOT EXISTS {table}_members (
+    worker      TEXT PRIMARY KEY,
+    lease_until TEXT NOT NULL,
+    joined_at   TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+);
+
+CREATE TABLE IF NOT EXISTS {table}_partitions (
+    "partition" INTEGER PRIMARY KEY,
+    owner       TEXT,
+    lease_until TEXT,
+    CONSTRAINT {prefix}_partitions_lease_ck CHECK ((owner IS NULL) = (lease_until IS NULL))
+);

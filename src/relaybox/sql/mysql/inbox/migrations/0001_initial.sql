@@ -1,4 +1,4 @@
--- The inbox (issue 5, seed 004): see the PostgreSQL version for the reasoning.
+-- relaybox's inbox on MySQL and MariaDB (the PostgreSQL schema explains each table).
 -- Key columns are VARCHARs in utf8mb4_bin: compared byte for byte, as
 -- message ids must be (a case-insensitive collation would merge two ids).
 CREATE TABLE IF NOT EXISTS {table} (

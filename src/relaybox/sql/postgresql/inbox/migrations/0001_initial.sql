@@ -1,4 +1,4 @@
--- The inbox (issue 5, seed 004): what a consumer has applied, written in the
+-- relaybox's inbox on PostgreSQL: what a consumer has applied, written in the
 -- consumer's own transaction together with the handler's effects.
 -- By id: one row per (consumer, message id) until the retention window purges it. The
 -- primary key is the check: a second copy's INSERT waits on the first copy's

@@ -1,4 +1,4 @@
--- The inbox (issue 5, seed 004): see the PostgreSQL version for the reasoning.
+-- relaybox's inbox on SQLite (the PostgreSQL schema explains each table).
 CREATE TABLE IF NOT EXISTS {table} (
     consumer     TEXT NOT NULL,
     message_id   TEXT NOT NULL,

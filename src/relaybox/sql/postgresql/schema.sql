@@ -1,121 +1,123 @@
--- Finished rows apart: {table} keeps live rows only (pending, processing, failed), and
--- rows that are finished but kept a while (published, under a published retention;
--- abandoned, until the abandoned retention) move to {table}_done in the statement that
--- finishes them (queries.sql: settle_owned, mark_published, abandon; replay moves one
--- back). Then every row of {table} is live, so the primary key is the claim's and the
--- read's ordered walk, and the writer's INSERT no longer enters {prefix}_live_ix nor
--- tests the two retention indexes' predicates: those go, with the live test in the
--- predicates of the indexes that stay. A writer transaction's throughput rose about
--- 2 points with it (docs/benchmarks.md, "Writer overhead").
---
--- The statements and functions that read {table} no longer test `published_at IS NULL
--- AND abandoned_at IS NULL`: it is always true there, and a planner without statistics
--- on the table (a new one, before its first ANALYZE) takes it for 1 row in 40,000,
--- and then reads the whole table and sorts it rather than walk the primary key (a read
--- of 500 rows of 20,000: 11.2 against 1.6 ms). The claim and {prefix}_read_past are
--- restated below without it; {prefix}_read keeps it, for relays older than 0006.
---
--- On a big outbox run this at a quiet time: it rebuilds the indexes on target and key,
--- and moves every finished row, holding writers back meanwhile.
+-- relaybox's outbox on PostgreSQL: the whole schema, as the migrations build it.
+-- relaybox fills in the table's name and the prefix of its indexes and functions
+-- (`relaybox schema --dialect postgresql --table NAME` prints it for a table).
 
--- target and key compare byte by byte: an index on them then costs a memcmp per step
--- instead of the database's collation (a libc or ICU call), and their order was never
--- more than a grouping. Changing a column's collation rebuilds its indexes, not the
--- table.
+-- The status of a row. An enum rather than a CHECK constraint: PostgreSQL re-reads a
+-- table's CHECK expressions for every INSERT statement, which is a cost on every writer
+-- transaction; an enum column checks its values for nothing.
 DO $$
 BEGIN
-    IF (SELECT c.collname FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
-        WHERE a.attrelid = '{table}'::regclass AND a.attname = 'key') IS DISTINCT FROM 'C'
-    THEN
-        ALTER TABLE {table}
-            ALTER COLUMN target TYPE text COLLATE "C",
-            ALTER COLUMN key TYPE text COLLATE "C";
-    END IF;
+    CREATE TYPE {table}_status AS ENUM (
+        'pending', 'processing', 'published', 'failed', 'abandoned');
+EXCEPTION WHEN duplicate_object THEN NULL;
 END
 $$;
 
+-- The live rows: one per (message, target) that is pending, processing or failed.
+-- Rows that finish move to {table}_done in the statement that finishes them (or are
+-- deleted), so every row here is live, the primary key is the relay's ordered walk, and
+-- a writer's INSERT enters no index about finishing.
+-- A row-lease claim updates no indexed column and pages keep half their room free
+-- (fillfactor 50), so a claim is a heap-only update that writes no index entry.
+-- Mutable columns come first, so an UPDATE's WAL record shares a long suffix with the
+-- old tuple (PostgreSQL logs only the changed middle). target and key compare byte by
+-- byte (COLLATE "C"): an index step is then a memcmp, not a collation call, and their
+-- order never meant more than grouping.
+CREATE TABLE IF NOT EXISTS {table} (
+    seq            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    status         {table}_status NOT NULL DEFAULT 'pending',
+    attempts       integer NOT NULL DEFAULT 0,
+    available_at   timestamptz NOT NULL DEFAULT now(),
+    locked_by      text,
+    locked_until   timestamptz,
+    lock_token     uuid,
+    published_at   timestamptz,
+    abandoned_at   timestamptz,
+    last_error     text,
+    id             uuid NOT NULL,
+    target         text COLLATE "C" NOT NULL,
+    external       boolean NOT NULL DEFAULT false,
+    topic          text NOT NULL,
+    key            text COLLATE "C",
+    partition      integer NOT NULL,
+    type           text NOT NULL,
+    content_type   text NOT NULL,
+    payload        bytea NOT NULL,
+    headers        jsonb NOT NULL DEFAULT '{}',
+    correlation_id text,
+    causation_id   text,
+    tenant_id      text,
+    aggregate_id   text,
+    occurred_at    timestamptz NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT now()
+) WITH (fillfactor = 50);
+
+-- Per-key order: "is there an earlier row of this (target, key)?", and the heads of
+-- keys past a read's window (a loose scan, one probe per key).
+CREATE INDEX IF NOT EXISTS {prefix}_keyed_ix ON {table} (target, key, seq)
+    WHERE key IS NOT NULL;
+
+-- Keyless rows in seq order, found past a window that keyed rows blocked.
+CREATE INDEX IF NOT EXISTS {prefix}_unkeyed_ix ON {table} (seq)
+    WHERE key IS NULL;
+
+-- Rows that wait (a delay, or the backoff after a failed attempt) and so may hold their
+-- key back: a read learns which keys wait from this index alone. A row written without
+-- a delay never enters it; a writer only evaluates the predicate.
+CREATE INDEX IF NOT EXISTS {prefix}_waits_ix ON {table} (target, key, seq)
+    WHERE key IS NOT NULL AND available_at > created_at;
+
+-- Finished rows kept a while: published ones under a published retention, abandoned ones
+-- until the abandoned retention ends (operators list and replay them from here). The
+-- same columns as {table}; seq is the row's own, not drawn again.
 CREATE TABLE IF NOT EXISTS {table}_done (
     LIKE {table} INCLUDING DEFAULTS,
     PRIMARY KEY (seq)
 );
 
--- Retention purges, on the finished rows only.
+-- Retention purges.
 CREATE INDEX IF NOT EXISTS {prefix}_published_done_ix ON {table}_done (published_at)
     WHERE published_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS {prefix}_abandoned_done_ix ON {table}_done (abandoned_at)
     WHERE abandoned_at IS NOT NULL;
 
--- Relays of earlier versions finish rows in place, with an UPDATE that sets published_at
--- or abandoned_at: this moves such a row to {table}_done as it is finished, so relays
--- of both versions may run side by side during an upgrade. relaybox's own statements
--- move rows themselves and never set those columns on {table}. The row goes over
--- column by column in order: {table}_done was made LIKE {table}, and a migration that
--- adds a column to one must add it to the other.
-CREATE OR REPLACE FUNCTION {prefix}_finished() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    DELETE FROM {table} WHERE seq = NEW.seq;
-    INSERT INTO {table}_done SELECT NEW.*;
-    RETURN NULL;
-END
-$$;
+-- Partition leases: which relay processes are alive, and which of them owns each
+-- partition of the keys, until when. Every heartbeat renews both (queries.sql).
+CREATE TABLE IF NOT EXISTS {table}_members (
+    worker      text PRIMARY KEY,
+    lease_until timestamptz NOT NULL,
+    joined_at   timestamptz NOT NULL DEFAULT now()
+);
 
--- Created once, never dropped and made again: with this script run outside a
--- transaction, an in-place finish in between would stay in {table}.
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '{table}'::regclass
-                   AND tgname = left('{prefix}_finished', 63)) THEN
-        CREATE TRIGGER {prefix}_finished
-            AFTER UPDATE OF published_at, abandoned_at ON {table}
-            FOR EACH ROW WHEN (NEW.published_at IS NOT NULL OR NEW.abandoned_at IS NOT NULL)
-            EXECUTE FUNCTION {prefix}_finished();
-    END IF;
-END
-$$;
+CREATE TABLE IF NOT EXISTS {table}_partitions (
+    partition   integer PRIMARY KEY,
+    owner       text,
+    lease_until timestamptz,
+    CONSTRAINT {prefix}_partitions_lease_ck CHECK ((owner IS NULL) = (lease_until IS NULL))
+);
 
--- The rows finished so far.
-WITH finished AS (
-    DELETE FROM {table} WHERE published_at IS NOT NULL OR abandoned_at IS NOT NULL
-    RETURNING *
-)
-INSERT INTO {table}_done SELECT * FROM finished;
-
--- The indexes that go, by their name in the table's schema (an index lives in its
--- table's schema, which need not be on the search path), before the ones that take
--- their place are made: a long table name truncates index names to 63 characters,
--- where an old and a new name could meet.
-DO $$
-DECLARE
-    v_schema text := (SELECT n.nspname FROM pg_class c
-                      JOIN pg_namespace n ON n.oid = c.relnamespace
-                      WHERE c.oid = '{table}'::regclass);
-    v_name text;
-BEGIN
-    FOREACH v_name IN ARRAY ARRAY['live_ix', 'published_ix', 'abandoned_ix', 'key_ix',
-                                  'keyless_ix', 'waiting_ix'] LOOP
-        EXECUTE format('DROP INDEX IF EXISTS %I.%I', v_schema,
-                       left('{prefix}_' || v_name, 63));
-    END LOOP;
-END
-$$;
-
--- The indexes that stay, without the live test. Per-key order: "is there an earlier
--- row of this (target, key)?", and the heads of keys past a read's window.
-CREATE INDEX IF NOT EXISTS {prefix}_keyed_ix ON {table} (target, key, seq)
-    WHERE key IS NOT NULL;
-
--- Keyless rows in seq order, found past a blocked window.
-CREATE INDEX IF NOT EXISTS {prefix}_unkeyed_ix ON {table} (seq)
-    WHERE key IS NULL;
-
--- Rows that wait (a delay, or the backoff after a failed attempt) and so may hold their
--- key back; a row written without a delay never enters it.
-CREATE INDEX IF NOT EXISTS {prefix}_waits_ix ON {table} (target, key, seq)
-    WHERE key IS NOT NULL AND available_at > created_at;
-
--- The per-row claim (0005) and the read past a full window (0006), as they were but for
--- the live test.
+-- The row-lease claim, for relays run without partition leases, in one round trip.
+-- Claims of one partition take turns: a claim first takes transaction-scoped advisory
+-- locks (the two-int key space, apart from the writers' bigint key locks): (p_lock_key,
+-- -1) shared and (p_lock_key, p) per partition in order, or (p_lock_key, -1) exclusive
+-- for a claim over every partition. As no other claim runs on these rows at once, and
+-- marks, renewals and releases only touch rows in processing (which a claim never
+-- takes), an earlier live row of a taken row is always taken too: no SKIP LOCKED and
+-- no row locks before the update.
+-- It walks a window of the first 4 x p_limit rows of its partitions and targets in seq
+-- order and takes those that are due and have no earlier row of their (target, key) in
+-- processing, not due, or outside this claim's partitions. When the window is full and
+-- yields fewer than p_limit rows (every key's head in flight or waiting), what lies past
+-- it is found without reading the blocked rows: the head of every key (a loose scan of
+-- {prefix}_keyed_ix, one probe per key) and keyless rows ({prefix}_unkeyed_ix). A head
+-- that may be taken brings the run of its key behind it, up to the first row that may
+-- not; the room left is shared evenly between the heads (rounded up: the oldest win).
+-- Heads and keyless rows are never blocked and a run is a key's rows in order from its
+-- head, so order holds; the cost is the window plus one probe per key, not one per
+-- blocked row.
+-- A row whose lease ran out goes back to pending (expired = true, not claimed) and
+-- blocks its key in this call; the caller claims again, which takes it and what waited
+-- behind it, in order. A row's partition is its stored key hash modulo p_count.
 CREATE OR REPLACE FUNCTION {prefix}_claim(
     p_worker text, p_limit integer, p_partitions integer[], p_count integer,
     p_targets text[], p_token uuid, p_lease float8, p_lock_key integer)
@@ -123,7 +125,7 @@ RETURNS TABLE (
     expired boolean, seq bigint, id uuid, target text, external boolean, topic text,
     key text, partition integer, type text, content_type text, payload bytea,
     headers text, correlation_id text, causation_id text, tenant_id text,
-    aggregate_id text, occurred_at timestamptz, created_at timestamptz, attempts integer)
+    aggregate_id text, occurred_at timestamptz, attempts integer)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -249,10 +251,17 @@ BEGIN
     RETURNING o.status = 'pending', o.seq, o.id, o.target, o.external, o.topic, o.key,
         o.partition % p_count, o.type, o.content_type, o.payload, o.headers::text,
         o.correlation_id, o.causation_id, o.tenant_id, o.aggregate_id, o.occurred_at,
-        o.created_at, o.attempts;
+        o.attempts;
 END
 $$;
 
+-- The owned read's second half. A relay that holds partitions reads them with one
+-- statement (queries.sql, `read`) over a window of its due rows; when the window gives
+-- fewer than p_limit rows and was full (the relay's in-flight rows and the keys they
+-- hold, or waiting keys, filled it), this finds the rows past it as the claim above
+-- does: the heads of keys and keyless rows past the window, each head with its run, up
+-- to p_room rows, in seq order. p_window is the window's size (2 x limit + rows in
+-- flight). It writes nothing.
 CREATE OR REPLACE FUNCTION {prefix}_read_past(
     p_room integer, p_partitions integer[], p_count integer, p_targets text[],
     p_busy bigint[], p_window integer)

@@ -1,0 +1,71 @@
+"""When a claim is worth making beside batches still in flight.
+
+The relay publishes up to `max_in_flight` batches at once, so it may claim again while
+earlier batches are out. A claim beside them finds nothing new, though, when those
+batches hold the head of every key this relay may take: every later row of such a key
+waits behind its head. Claiming anyway costs the database a read for nothing, again and
+again until a batch settles. Three facts steer it:
+
+- *deep*: the last claim took two rows or more of one key. The backlog is deep per key,
+  so the batch likely holds the head of every key: wait for a batch to settle.
+- *full*: the last claim took a whole batch, so there is likely more: claim beside it.
+  A claim that was not full means the backlog is gone, and resets what follows.
+- *futile*: claims beside full batches came back empty, this many times in a row; the
+  next claim beside one waits for 1, 2, 4 ... 32 batches to settle (`hold`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from relaybox.core.records import StoredMessage
+
+#: Empty claims in a row after which the wait stops growing (2 ** (6 - 1) = 32 batches).
+MOST_FUTILE = 6
+
+
+@dataclasses.dataclass
+class ClaimPacing:
+    batch_size: int
+    deep: bool = False
+    full: bool = False
+    futile: int = 0
+    #: Batches that must settle before the next claim beside one in flight.
+    hold: int = 0
+
+    def wait_for_a_settle(self, in_flight: bool) -> bool:
+        """Whether the next claim should wait until a batch in flight has settled."""
+        return in_flight and (self.deep or self.hold > 0)
+
+    def beside(self, in_flight: bool) -> bool:
+        """Whether a claim now runs beside a full batch in flight."""
+        return in_flight and self.full
+
+    def took(self, messages: Iterable[StoredMessage], count: int, *, beside: bool) -> None:
+        """A claim (beside a full batch or not) took `count` rows, `messages`."""
+        self.deep = _deep(messages)
+        self.full = count >= self.batch_size
+        if beside or not self.full:  # a claim beside one paid off, or the backlog is gone
+            self.futile = self.hold = 0
+
+    def found_nothing(self, *, beside: bool) -> None:
+        """A claim came back empty."""
+        if beside:
+            self.futile = min(self.futile + 1, MOST_FUTILE)
+            self.hold = 2 ** (self.futile - 1)
+
+    def settled(self) -> None:
+        """A batch in flight has settled."""
+        self.hold = max(0, self.hold - 1)
+
+
+def _deep(messages: Iterable[StoredMessage]) -> bool:
+    seen: set[tuple[str, str]] = set()
+    for message in messages:
+        if message.key is not None:
+            chain = (message.target, message.key)
+            if chain in seen:
+                return True
+            seen.add(chain)
+    return False

@@ -1,0 +1,204 @@
+"""A relay that holds partitions by lease (the default).
+
+Keys are spread over partitions, and the live relay processes of a table share the
+partitions by leases that their heartbeats renew. A relay alone may publish the rows of
+the partitions it holds, so it needs no lease on each row: a claim is a read that
+writes nothing (`PartitionStorage.read`), the rows stay pending in the table while the
+relay keeps them in memory as in flight (skipping them and their keys in the next read),
+and one atomic step settles each batch, fenced by the partitions the relay still holds.
+No publish outlives the partition lease as last renewed. Partitions it must give back
+drain first (no new reads there), so the next owner never publishes a row a second time.
+A per-row lease would write every row twice; this drains at the rate of a bare
+claim-and-delete loop (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from relaybox.core.records import Claim, StoredMessage
+from relaybox.errors import RelayboxError
+from relaybox.ports import PartitionStorage
+from relaybox.relay.delivery import Settlement
+from relaybox.relay.processor import Processor
+
+logger = logging.getLogger(__name__)
+
+
+class PartitionLeaseProcessor(Processor[PartitionStorage]):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: What reads pass as `partitions`: None for all, [] for none (not yet held).
+        self._scope: list[int] | None = []
+        self._flight = _InFlightRows()
+        #: Until when (time.monotonic) the partitions are surely ours: the start of the
+        #: last successful heartbeat plus the partition lease.
+        self._held_until = 0.0
+        self._guards: set[asyncio.Timeout] = set()
+        self._claiming.clear()  # until the first heartbeat says which partitions are ours
+
+    @property
+    def heartbeat_at(self) -> float | None:
+        if not self._held_until:
+            return None
+        return self._held_until - self._settings.partition_lease_seconds
+
+    def _tasks_of_mode(self) -> list[asyncio.Task[None]]:
+        return [asyncio.create_task(self._heartbeat_loop(), name=f"relay-heartbeats-{self.name}")]
+
+    async def _left(self) -> None:
+        with contextlib.suppress(RelayboxError):
+            await self._db.housekeeping.leave(self.worker)
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def _claim(self, targets: list[str]) -> Claim | None:
+        if self._scope == []:
+            return None  # no partition held (yet): nothing is ours to read
+        settings = self._settings
+        messages = await self._db.claims.read(
+            limit=settings.batch_size,
+            partitions=self._scope,
+            targets=targets,
+            partition_count=settings.partitions,
+            in_flight=self._flight.messages(),
+        )
+        return Claim("", self.worker, messages)
+
+    def _launched(self, claim: Claim) -> None:
+        self._flight.add(claim.messages)
+
+    def _finished(self, claim: Claim) -> None:
+        self._flight.remove(claim.messages)
+
+    # -- publishing and settling -----------------------------------------------------
+
+    async def _deliver(self, claim: Claim) -> None:
+        """Publish and settle rows read from held partitions, never past the partition
+        lease as last renewed: once it may have run out, another relay may own them."""
+        settlement = Settlement()
+        margin = self._guard_margin()
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(self._guard_at(loop, margin)) as guard:
+                self._guards.add(guard)
+                try:
+                    await self._delivery.run(
+                        claim.messages, settlement, lambda: time.monotonic() < self._held_until
+                    )
+                except asyncio.CancelledError:  # stop() or the lease guard
+                    if guard.expired():
+                        self.metrics.leases_lost += 1
+                    await asyncio.shield(self._settle(settlement))
+                    raise
+                finally:
+                    self._guards.discard(guard)
+        except TimeoutError:
+            logger.warning(
+                "partition lease ran out while publishing; the rest is left to the next owner",
+                extra={"action": "lease_lost"},
+            )
+            return
+        await self._settle(settlement)
+
+    def _guard_margin(self) -> float:
+        return min(1.0, self._settings.partition_lease_seconds / 10)
+
+    def _guard_at(self, loop: asyncio.AbstractEventLoop, margin: float) -> float:
+        """The partitions' lease end (less `margin`) on `loop`'s clock."""
+        return loop.time() + (self._held_until - margin - time.monotonic())
+
+    def _extend_guards(self) -> None:
+        """A heartbeat renewed the partitions: publishes in flight may go on longer."""
+        loop = asyncio.get_running_loop()
+        when = self._guard_at(loop, self._guard_margin())
+        for guard in self._guards:
+            guard.reschedule(when)
+
+    async def _settle(self, settlement: Settlement) -> None:
+        """Record a batch's outcomes in one atomic step (so nothing is recorded half: if
+        it cannot be recorded at all, its rows are simply read again, in order). Rows
+        neither published nor failed (released) stay pending as they are."""
+        metrics, settings = self.metrics, self._settings
+        if settlement.published or settlement.failed or settlement.abandoned:
+            settled = await self._with_retries(
+                "batch",
+                lambda: self._db.settles.settle(
+                    self.worker,
+                    partition_count=settings.partitions,
+                    failed=settlement.failed,
+                    abandoned=settlement.abandoned,
+                    published=settlement.published,
+                    delete=settings.published_retention == 0,
+                ),
+            )
+            if settled is None:
+                return
+            metrics.published += settled.published
+            metrics.failed += settled.failed
+            metrics.abandoned += settled.abandoned
+        metrics.released += len(settlement.released)
+
+    # -- partitions ------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        settings = self._settings
+        last_ok = time.monotonic()
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            try:
+                assignment = await self._db.housekeeping.heartbeat(
+                    self.worker,
+                    partitions=settings.partitions,
+                    lease_seconds=settings.partition_lease_seconds,
+                    busy=self._flight.partitions(),
+                )
+            except RelayboxError as error:
+                logger.warning("heartbeat failed: %s", error, extra={"action": "heartbeat"})
+                if time.monotonic() - last_ok > settings.partition_lease_seconds * 0.9:
+                    self._assign(frozenset())  # others may own them by now
+            else:
+                last_ok = started
+                self.metrics.heartbeats += 1
+                self._held_until = started + settings.partition_lease_seconds
+                self._extend_guards()
+                self._assign(assignment.partitions - assignment.draining)
+            await self._sleep(settings.heartbeat_interval)
+
+    def _assign(self, partitions: frozenset[int]) -> None:
+        """Read from `partitions` from now on (draining ones are already left out)."""
+        if partitions != self.partitions:
+            logger.info(
+                "%s holds %d partitions", self.worker, len(partitions),
+                extra={"action": "rebalance", "partitions": sorted(partitions)},
+            )  # fmt: skip
+            self.partitions = partitions
+            # Holding all of them, a read takes no partition filter.
+            held_all = len(partitions) >= self._settings.partitions
+            self._scope = None if held_all else sorted(partitions)
+            self.wake()
+        self._claiming.set()
+
+
+class _InFlightRows:
+    """The rows this relay has read and not yet settled."""
+
+    def __init__(self) -> None:
+        self._batches: list[Sequence[StoredMessage]] = []
+
+    def add(self, messages: Sequence[StoredMessage]) -> None:
+        self._batches.append(messages)
+
+    def remove(self, messages: Sequence[StoredMessage]) -> None:
+        self._batches = [batch for batch in self._batches if batch is not messages]
+
+    def messages(self) -> list[StoredMessage]:
+        return [m for batch in self._batches for m in batch]
+
+    def partitions(self) -> frozenset[int]:
+        return frozenset(m.partition for batch in self._batches for m in batch)

@@ -1,0 +1,87 @@
+-- relaybox's outbox on MySQL 8 and MariaDB 10.6+: the whole schema, as the migrations
+-- build it. relaybox fills in the table's name and the prefix of its indexes
+-- (`relaybox schema --dialect mysql --table NAME` prints it for a table). Each statement
+-- is idempotent: MySQL commits every DDL statement on its own, so a run cut short can
+-- simply run again.
+
+-- The outbox: one row per (message, target). Times are UTC (DATETIME(6) has no zone).
+-- MariaDB and MySQL have no partial indexes: the claim's index leads with status (one
+-- range per live status) and the key index holds live_key, NULL once a row is finished,
+-- so neither walks the published rows that retention keeps.
+CREATE TABLE IF NOT EXISTS {table} (
+    seq            BIGINT NOT NULL AUTO_INCREMENT,
+    status         VARCHAR(10) NOT NULL DEFAULT 'pending',
+    attempts       INT NOT NULL DEFAULT 0,
+    available_at   DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    locked_by      VARCHAR(255) NULL,
+    locked_until   DATETIME(6) NULL,
+    lock_token     CHAR(36) NULL,
+    published_at   DATETIME(6) NULL,
+    abandoned_at   DATETIME(6) NULL,
+    last_error     MEDIUMTEXT NULL,
+    id             CHAR(36) NOT NULL,
+    target         VARCHAR(64) NOT NULL,
+    external       BOOL NOT NULL DEFAULT FALSE,
+    topic          VARCHAR(255) NOT NULL,
+    `key`          VARCHAR(255) NULL,
+    `partition`    INT NOT NULL,
+    type           VARCHAR(255) NOT NULL,
+    content_type   VARCHAR(255) NOT NULL,
+    payload        LONGBLOB NOT NULL,
+    headers        JSON NOT NULL DEFAULT ('{}'),
+    correlation_id VARCHAR(255) NULL,
+    causation_id   VARCHAR(255) NULL,
+    tenant_id      VARCHAR(255) NULL,
+    aggregate_id   VARCHAR(255) NULL,
+    occurred_at    DATETIME(6) NOT NULL,
+    created_at     DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    -- `key` while the row is live, NULL once it is finished: a partial index by hand.
+    live_key       VARCHAR(255) GENERATED ALWAYS AS (
+        CASE WHEN status IN ('pending', 'processing', 'failed') THEN `key` END) STORED,
+    PRIMARY KEY (seq),
+    -- The claim walks each live status in sequence order (one range per status);
+    -- available_at rides along (it changes only with status) for the oldest-age stat.
+    KEY {prefix}_live_ix (status, seq, available_at),
+    -- Per-key order: "is there an earlier live row of this (target, key)?" One range
+    -- per key, finished rows out of the way, untouched by pending <-> processing.
+    KEY {prefix}_key_ix (target, live_key, seq),
+    -- Retention purges. Only published rows have published_at and only abandoned rows
+    -- abandoned_at, so these entries change once per row, not at every status change.
+    KEY {prefix}_published_ix (published_at),
+    KEY {prefix}_abandoned_ix (abandoned_at),
+    CONSTRAINT {prefix}_status_ck
+        CHECK (status IN ('pending', 'processing', 'published', 'failed', 'abandoned'))
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- Writers of one key take turns. Sequences are assigned at insert, not at commit: if
+-- two transactions wrote one key concurrently, seq 2 could commit (and be published)
+-- while seq 1 was still in flight. So before inserting, a writer locks its keys' slots
+-- in this table (SELECT ... FOR UPDATE, held to its commit). 4096 fixed slots: no
+-- growth, no writes, and two keys share a slot with probability 1/4096.
+CREATE TABLE IF NOT EXISTS {table}_key_locks (
+    slot INT NOT NULL PRIMARY KEY
+) ENGINE=InnoDB;
+
+INSERT IGNORE INTO {table}_key_locks (slot)
+SELECT a.n * 256 + b.n * 16 + c.n
+FROM (SELECT 0 AS n UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9 UNION ALL SELECT 10 UNION ALL SELECT 11 UNION ALL SELECT 12 UNION ALL SELECT 13 UNION ALL SELECT 14 UNION ALL SELECT 15) AS a
+CROSS JOIN (SELECT 0 AS n UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9 UNION ALL SELECT 10 UNION ALL SELECT 11 UNION ALL SELECT 12 UNION ALL SELECT 13 UNION ALL SELECT 14 UNION ALL SELECT 15) AS b
+CROSS JOIN (SELECT 0 AS n UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9 UNION ALL SELECT 10 UNION ALL SELECT 11 UNION ALL SELECT 12 UNION ALL SELECT 13 UNION ALL SELECT 14 UNION ALL SELECT 15) AS c;
+
+-- Partition leases: which relay processes are alive, and which of them owns
+-- each partition of the keys, until when. Every heartbeat renews both (queries.sql).
+-- Times are UTC, as in the outbox table.
+CREATE TABLE IF NOT EXISTS {table}_members (
+    worker      VARCHAR(255) NOT NULL,
+    lease_until DATETIME(6) NOT NULL,
+    joined_at   DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    PRIMARY KEY (worker)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+CREATE TABLE IF NOT EXISTS {table}_partitions (
+    `partition` INT NOT NULL,
+    owner       VARCHAR(255) NULL,
+    lease_until DATETIME(6) NULL,
+    PRIMARY KEY (`partition`),
+    CONSTRAINT {prefix}_partitions_lease_ck CHECK ((owner IS NULL) = (lease_until IS NULL))
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

@@ -1,0 +1,405 @@
+"""One SQL storage for PostgreSQL, MySQL/MariaDB and SQLite.
+
+What the three databases do alike lives here, over `Connection`, the handful of calls
+relaybox makes of a driver's connection: one connection the storage owns, opened when
+first needed and opened again after it failed, used by one statement or one transaction
+at a time; and on top of it the owned settle, the row-lease marks, heartbeats, purges,
+counts, abandoned rows, replay and the writes of tools. Each query is named in the
+dialect's queries.sql and takes the same parameters in the same order on every dialect.
+
+A dialect (postgres.py, mysql.py, sqlite.py) supplies its driver, how its errors map
+onto relaybox's, how it binds a list of seqs, and what it does its own way: the claim and
+the owned read, and the steps of a heartbeat where its SQL cannot return rows from an
+UPDATE.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from typing import Any, ClassVar, Protocol, Self, TypeVar
+
+from relaybox import sql
+from relaybox.core.identifiers import DEFAULT_TABLE
+from relaybox.core.lifecycle import Status
+from relaybox.core.partitions import DEFAULT_PARTITIONS, rebalance, require_partitions
+from relaybox.core.records import (
+    AbandonedMessage,
+    Assignment,
+    Claim,
+    Failure,
+    InsertRow,
+    OutboxStats,
+    Settled,
+    StoredMessage,
+)
+from relaybox.errors import SchemaError, StorageError, StorageOperationalError
+from relaybox.sql.inserts import inserts
+from relaybox.sql.params import native_style
+from relaybox.storage.rows import check_listing, decode_abandoned, lease_token
+from relaybox.storage.urls import DatabaseUrl
+
+T = TypeVar("T")
+
+
+class Connection(Protocol):
+    """A driver's connection, as the storage uses it (in autocommit between transactions)."""
+
+    async def fetch(self, query: str, args: Sequence[Any]) -> list[Sequence[Any]]: ...
+    async def execute(self, query: str, args: Sequence[Any]) -> int:
+        """Run a statement; the number of rows it changed (or matched, on MySQL)."""
+
+    async def begin(self) -> None: ...
+    async def commit(self) -> None: ...
+    async def rollback(self) -> None: ...
+    async def close(self) -> None:
+        """Say goodbye and close."""
+
+    async def discard(self) -> None:
+        """Drop a connection whose state is unknown, without waiting on the server."""
+
+
+class Seqs(tuple[int, ...]):
+    """A list of seqs (or partitions) bound as one parameter, sorted, so that statements
+    that lock rows by it lock them in one order. Each dialect binds it its own way."""
+
+    __slots__ = ()
+
+    def __new__(cls, values: Iterable[int]) -> Self:
+        return super().__new__(cls, sorted(int(v) for v in values))
+
+
+class Session:
+    """A connection in use by one piece of work, running named queries."""
+
+    __slots__ = ("_bind", "connection")
+
+    def __init__(self, connection: Connection, bind: Callable[[str, Sequence[Any]], Any]) -> None:
+        self.connection = connection
+        self._bind = bind
+
+    async def fetch(self, name: str, *args: Any) -> list[Sequence[Any]]:
+        query, params = self._bind(name, args)
+        return await self.connection.fetch(query, params)
+
+    async def execute(self, name: str, *args: Any) -> int:
+        query, params = self._bind(name, args)
+        return await self.connection.execute(query, params)
+
+    async def one(self, name: str, *args: Any) -> Any:
+        """The single value of a one-row, one-column query."""
+        ((value,),) = await self.fetch(name, *args)
+        return value
+
+
+class SqlStorage(abc.ABC):
+    """The outbox table in an SQL database, through one connection the storage owns."""
+
+    dialect: ClassVar[sql.Dialect]
+
+    def __init__(self, url: DatabaseUrl, *, table: str = DEFAULT_TABLE) -> None:
+        self.table = table
+        self._url = url
+        self._queries = sql.queries(self.dialect, table)
+        self._connection: Connection | None = None
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def connect(cls, url: DatabaseUrl | str, *, table: str = DEFAULT_TABLE) -> Self:
+        """Open the storage and check that the table's schema is there."""
+        storage = cls(DatabaseUrl.parse(url) if isinstance(url, str) else url, table=table)
+        try:
+            await storage._run(lambda session: session.fetch("probe"))
+        except SchemaError as exc:
+            await storage.close()
+            raise SchemaError(
+                f"{exc}; create the outbox tables with `relaybox migrate --db "
+                f"{storage._url.masked} --table {table}`"
+            ) from exc
+        except BaseException:
+            await storage.close()
+            raise
+        return storage
+
+    # -- what each dialect supplies ---------------------------------------------------
+
+    @abc.abstractmethod
+    async def _open(self) -> Connection:
+        """A new connection, ready for use."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def translate(exc: BaseException) -> StorageError:
+        """The driver's error as relaybox's: operational (retry), integrity, schema..."""
+
+    @abc.abstractmethod
+    def _seqs(self, seqs: Seqs) -> Any:
+        """A list of seqs as this dialect's queries take it in one parameter."""
+
+    @abc.abstractmethod
+    async def claim(
+        self,
+        worker: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        partitions: Sequence[int] | None = None,
+        targets: Sequence[str] | None = None,
+        partition_count: int = DEFAULT_PARTITIONS,
+    ) -> Claim: ...
+
+    @abc.abstractmethod
+    async def read(
+        self,
+        *,
+        limit: int,
+        partitions: Sequence[int] | None = None,
+        targets: Sequence[str] | None = None,
+        partition_count: int = DEFAULT_PARTITIONS,
+        in_flight: Sequence[StoredMessage] = (),
+    ) -> list[StoredMessage]: ...
+
+    def _bind(self, name: str, args: Sequence[Any]) -> tuple[str, Sequence[Any]]:
+        """A named query and its parameters as the driver takes them."""
+        return self._queries[name], [self._seqs(a) if type(a) is Seqs else a for a in args]
+
+    # -- the connection -----------------------------------------------------------------
+
+    async def _run(self, work: Callable[[Session], Awaitable[T]], *, atomic: bool = False) -> T:
+        """Run `work` on the connection, alone; in one transaction if `atomic`. A
+        connection that failed, or whose state is unknown, is dropped: the next call
+        opens another."""
+        async with self._lock:
+            if self._connection is None:
+                try:
+                    self._connection = await self._open()
+                except Exception as exc:
+                    raise self.translate(exc) from exc
+            connection = self._connection
+            try:
+                if not atomic:
+                    return await work(Session(connection, self._bind))
+                await connection.begin()
+                result = await work(Session(connection, self._bind))
+                await connection.commit()
+                return result
+            except Exception as exc:
+                error = self.translate(exc)
+                if isinstance(error, StorageOperationalError) or (
+                    atomic and not await _rolled_back(connection)
+                ):
+                    await self._discard()
+                raise error from exc
+            except BaseException:  # cancelled mid-statement: never reuse the connection
+                await self._discard()
+                raise
+
+    async def _discard(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.discard()
+
+    async def _execute(self, name: str, *args: Any) -> int:
+        return await self._run(lambda session: session.execute(name, *args))
+
+    async def _fetch(self, name: str, *args: Any) -> list[Sequence[Any]]:
+        return await self._run(lambda session: session.fetch(name, *args))
+
+    async def close(self) -> None:
+        async with self._lock:
+            connection, self._connection = self._connection, None
+            if connection is not None:
+                try:
+                    await connection.close()
+                except Exception:  # noqa: BLE001 - closing a broken connection
+                    await connection.discard()
+
+    # -- writing (tools, tests, demos) ----------------------------------------------
+
+    async def write(self, rows: Sequence[InsertRow]) -> None:
+        """Insert `rows` in a transaction of the storage's own."""
+        statements = inserts(self.dialect, self.table, native_style(self.dialect), rows)
+
+        async def insert(session: Session) -> None:
+            for statement in statements:
+                await session.connection.execute(statement.query, statement.params)
+
+        if statements:
+            await self._run(insert, atomic=len(statements) > 1)
+
+    # -- a relay that holds partitions ------------------------------------------------
+
+    async def settle(
+        self,
+        worker: str,
+        *,
+        partition_count: int = DEFAULT_PARTITIONS,
+        failed: Sequence[Failure] = (),
+        abandoned: Sequence[Failure] = (),
+        published: Sequence[int] = (),
+        delete: bool = True,
+    ) -> Settled:
+        fence = (worker, require_partitions(partition_count))
+        steps = [
+            ("fail_owned", _failures(failed, retry=True) if failed else None),
+            ("abandon_owned", _failures(abandoned, retry=False) if abandoned else None),
+            ("delete_owned" if delete else "publish_owned", Seqs(published) if published else None),
+        ]
+        todo = [(name, rows) for name, rows in steps if rows is not None]
+
+        async def run(session: Session) -> Settled:
+            counts = dict.fromkeys(("fail_owned", "abandon_owned"), 0)
+            done = 0
+            for name, rows in todo:
+                changed = await session.execute(name, rows, *fence)
+                if name in counts:
+                    counts[name] = changed
+                else:
+                    done = changed
+            return Settled(counts["fail_owned"], counts["abandon_owned"], done)
+
+        if not todo:
+            return Settled()
+        # One statement is atomic on its own: the commonest settle, every row of a batch
+        # published, takes one round trip.
+        return await self._run(run, atomic=len(todo) > 1)
+
+    async def heartbeat(
+        self, worker: str, *, partitions: int, lease_seconds: float, busy: Collection[int] = ()
+    ) -> Assignment:
+        count, lease = require_partitions(partitions), float(lease_seconds)
+
+        async def beat(session: Session) -> Assignment:
+            await session.execute("members_expire")
+            await session.execute("member_join", worker, lease)
+            await self._create_partitions(session, count)
+            live = int(await session.one("members_live"))
+            held = await self._renew_partitions(session, worker, lease)
+            plan = rebalance(held, count, live, busy)
+            if plan.release:
+                await session.execute("partitions_release", worker, Seqs(plan.release))
+            taken = []
+            if plan.wanted:
+                taken = await self._take_partitions(session, worker, lease, count, plan.wanted)
+            return Assignment(
+                frozenset([*plan.keep, *plan.draining, *taken]), live, frozenset(plan.draining)
+            )
+
+        return await self._run(beat, atomic=True)
+
+    async def _create_partitions(self, session: Session, count: int) -> None:
+        await session.execute("partitions_create", count)
+
+    async def _renew_partitions(self, session: Session, worker: str, lease: float) -> list[int]:
+        """Extend the lease of every partition `worker` holds; those partitions."""
+        return [int(p) for (p,) in await session.fetch("partitions_renew", worker, lease)]
+
+    async def _take_partitions(
+        self, session: Session, worker: str, lease: float, count: int, wanted: int
+    ) -> list[int]:
+        """Take up to `wanted` free or expired partitions, lowest first; those taken."""
+        found = await session.fetch("partitions_take", worker, lease, count, wanted)
+        return [int(p) for (p,) in found]
+
+    async def leave(self, worker: str) -> None:
+        async def part(session: Session) -> None:
+            await session.execute("partitions_leave", worker)
+            await session.execute("member_leave", worker)
+
+        await self._run(part, atomic=True)
+
+    # -- a relay that leases each row -------------------------------------------------
+
+    async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
+        if not seqs:
+            return 0
+        name = "delete_published" if delete else "mark_published"
+        return await self._execute(name, Seqs(seqs), lease_token(token))
+
+    async def mark_failed(self, token: str, failures: Sequence[Failure]) -> int:
+        if not failures:
+            return 0
+        return await self._execute(
+            "mark_failed", _failures(failures, retry=True), lease_token(token)
+        )
+
+    async def abandon(self, token: str, failures: Sequence[Failure]) -> int:
+        if not failures:
+            return 0
+        return await self._execute("abandon", _failures(failures, retry=False), lease_token(token))
+
+    async def release(self, token: str, seqs: Sequence[int]) -> int:
+        if not seqs:
+            return 0
+        return await self._execute("release", Seqs(seqs), lease_token(token))
+
+    async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
+        if not seqs:
+            return 0
+        return await self._execute("renew", Seqs(seqs), lease_token(token), float(lease_seconds))
+
+    # -- what operators need ----------------------------------------------------------
+
+    async def purge(
+        self, *, published_older_than: float, abandoned_older_than: float, batch_size: int = 500
+    ) -> int:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        total = 0
+        for name, age in (("purge_published", published_older_than),
+                          ("purge_abandoned", abandoned_older_than)):  # fmt: skip
+            while True:
+                deleted = await self._execute(name, float(age), batch_size)
+                total += deleted
+                if deleted < batch_size:
+                    break
+        return total
+
+    async def replay(self, seqs: Sequence[int]) -> int:
+        return await self._execute("replay", Seqs(seqs)) if seqs else 0
+
+    async def abandoned(
+        self, *, limit: int, before: int | None = None, target: str | None = None
+    ) -> list[AbandonedMessage]:
+        rows = await self._fetch("abandoned", before, target, check_listing(limit))
+        return [decode_abandoned(row) for row in rows]
+
+    async def stats(self) -> OutboxStats:
+        async def read(session: Session) -> OutboxStats:
+            counts = await session.fetch("count_by_status")
+            age = await session.one("oldest_pending_age")
+            leases = await session.one("active_leases")
+            return OutboxStats(
+                counts={Status(status): int(n) for status, n in counts},
+                oldest_pending_age=None if age is None else max(0.0, float(age)),
+                active_leases=int(leases),
+            )
+
+        return await self._run(read)
+
+
+async def _rolled_back(connection: Connection) -> bool:
+    """False if the connection cannot be trusted any more."""
+    try:
+        await connection.rollback()
+    except Exception:  # noqa: BLE001 - the caller raises the original error
+        return False
+    return True
+
+
+def _failures(failures: Sequence[Failure], *, retry: bool) -> str:
+    """Failures as the JSON array the queries read: [[seq, error, retry_in], ...] (or
+    without retry_in), in seq order, so that two sessions lock their rows in one order."""
+    ordered = sorted(failures, key=lambda f: f.seq)
+    if retry:
+        return json.dumps([[f.seq, error_text(f.error), float(f.retry_in)] for f in ordered])
+    return json.dumps([[f.seq, error_text(f.error)] for f in ordered])
+
+
+def error_text(value: str) -> str:
+    """An error as text every database stores: valid UTF-8 (a lone surrogate is replaced)
+    and without NUL (which PostgreSQL's text and JSON refuse), so that an odd message
+    from a broker can never make the mark that records it fail."""
+    return str(value).encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")
