@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from relaybox import sql
@@ -102,3 +103,40 @@ def _nats_servers() -> set[int]:
             if status.read_text().strip() == "nats-server":
                 found.add(int(status.parent.name))
     return found
+
+
+def test_relay_options_default_to_the_settings_objects_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`relaybox relay` with no tuning option runs with RelaySettings() as it is: the
+    command repeats no default of its own."""
+    from relaybox.cli import relay as command
+    from relaybox.relay import RelaySettings
+
+    built: list[RelaySettings] = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(*_args: object, settings: RelaySettings, **_kwargs: object) -> None:
+        built.append(settings)
+        raise Stop
+
+    monkeypatch.setattr(command, "Relay", capture)
+    result = CliRunner().invoke(main, ["relay", "--db", "memory://", "--broker", "d=noop://"])
+    assert isinstance(result.exception, Stop), result.output
+    assert built == [RelaySettings()]
+
+
+def test_importing_relaybox_or_running_a_relay_loads_no_tool() -> None:
+    """The bench, its raw broker loops, the demo and the embedded NATS server are tools:
+    neither `import relaybox` nor `relaybox relay --help` imports them."""
+    probe = (
+        "import sys, relaybox; from click.testing import CliRunner;"
+        "from relaybox.cli.main import main;"
+        "assert CliRunner().invoke(main, ['relay', '--help']).exit_code == 0;"
+        "print(sorted(m for m in sys.modules if m.startswith('relaybox.tools')))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, check=True)  # fmt: skip
+    assert done.stdout.strip() == "[]"

@@ -11,7 +11,6 @@ import click
 
 from relaybox.core.circuit import CircuitPolicy
 from relaybox.core.identifiers import DEFAULT_TABLE
-from relaybox.core.partitions import DEFAULT_PARTITIONS
 from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError, RelayboxError
 from relaybox.observability.http import StatusServer, parse_address
@@ -72,6 +71,11 @@ async def serve(
 #: With --http, each table's counts are read this often (and when scraped, if older).
 STATS_EVERY = 15.0
 
+#: Every option's default is the settings object's own: one home for each.
+_DEFAULTS = RelaySettings()
+_RETRY = _DEFAULTS.retry
+_CIRCUIT = _DEFAULTS.circuit
+
 
 @click.command()
 @click.option(
@@ -90,13 +94,13 @@ STATS_EVERY = 15.0
     help="Target NAME=URL (memory://, noop://, file://PATH, ...); repeatable.",
 )
 @click.option("--table", default=DEFAULT_TABLE, show_default=True)
-@click.option("--batch-size", default=500, show_default=True)
-@click.option("--max-in-flight", default=2, show_default=True)
-@click.option("--lease", "lease_seconds", default=30.0, show_default=True)
-@click.option("--publish-timeout", default=10.0, show_default=True)
+@click.option("--batch-size", default=_DEFAULTS.batch_size, show_default=True)
+@click.option("--max-in-flight", default=_DEFAULTS.max_in_flight, show_default=True)
+@click.option("--lease", "lease_seconds", default=_DEFAULTS.lease_seconds, show_default=True)
+@click.option("--publish-timeout", default=_DEFAULTS.publish_timeout, show_default=True)
 @click.option(
     "--partitions",
-    default=DEFAULT_PARTITIONS,
+    default=_DEFAULTS.partitions,
     show_default=True,
     help="Partitions the relays of a table share (every relay of the table alike).",
 )
@@ -105,28 +109,35 @@ STATS_EVERY = 15.0
     is_flag=True,
     help="Claim from every partition, leasing each row (every relay of the table alike).",
 )
-@click.option("--retry-base", default=60.0, show_default=True, help="First retry delay, s.")
-@click.option("--retry-max", default=3600.0, show_default=True, help="Largest retry delay, s.")
-@click.option("--retry-jitter", default=0.25, show_default=True)
-@click.option("--max-attempts", default=10, show_default=True)
-@click.option("--circuit-threshold", default=5, show_default=True)
-@click.option("--circuit-open", default=5.0, show_default=True, help="Seconds before a probe.")
+@click.option(
+    "--retry-base", default=_RETRY.base_delay, show_default=True, help="First retry delay, s."
+)
+@click.option(
+    "--retry-max", default=_RETRY.max_delay, show_default=True, help="Largest retry delay, s."
+)
+@click.option("--retry-jitter", default=_RETRY.jitter, show_default=True)
+@click.option("--max-attempts", default=_RETRY.max_attempts, show_default=True)
+@click.option("--circuit-threshold", default=_CIRCUIT.failure_threshold, show_default=True)
+@click.option(
+    "--circuit-open", default=_CIRCUIT.open_seconds, show_default=True,
+    help="Seconds before a probe.",
+)  # fmt: skip
 @click.option(
     "--circuit-max-open",
-    default=60.0,
+    default=_CIRCUIT.max_open_seconds,
     show_default=True,
     help="Longest pause between probes (each failed probe doubles it).",
 )
-@click.option("--idle-interval", default=1.0, show_default=True)
+@click.option("--idle-interval", default=_DEFAULTS.idle_interval, show_default=True)
 @click.option(
     "--published-retention",
-    default=0.0,
+    default=_DEFAULTS.published_retention,
     show_default=True,
     help="Seconds to keep published rows; 0 deletes them on publish.",
 )
-@click.option("--abandoned-retention", default=7 * 24 * 3600.0, show_default=True)
-@click.option("--cleanup-interval", default=60.0, show_default=True)
-@click.option("--shutdown-timeout", default=10.0, show_default=True)
+@click.option("--abandoned-retention", default=_DEFAULTS.abandoned_retention, show_default=True)
+@click.option("--cleanup-interval", default=_DEFAULTS.cleanup_interval, show_default=True)
+@click.option("--shutdown-timeout", default=_DEFAULTS.shutdown_timeout, show_default=True)
 @click.option(
     "--http",
     default=None,
@@ -158,7 +169,8 @@ def relay(
                               max_attempts=max_attempts),
             circuit=CircuitPolicy(failure_threshold=circuit_threshold, open_seconds=circuit_open,
                                   max_open_seconds=max(circuit_open, circuit_max_open)),
-            idle_interval=idle_interval, min_poll_interval=min(0.01, idle_interval),
+            idle_interval=idle_interval,
+            min_poll_interval=min(_DEFAULTS.min_poll_interval, idle_interval),
             published_retention=published_retention, abandoned_retention=abandoned_retention,
             cleanup_interval=cleanup_interval, shutdown_timeout=shutdown_timeout,
         )  # fmt: skip

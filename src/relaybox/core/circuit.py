@@ -1,7 +1,7 @@
 """A circuit breaker per target: a destination that keeps failing pauses, then probes.
 
 While a target's circuit is open the relay claims nothing for it, so its messages wait
-as pending and burn no attempts (DESIGN.md guarantee 4); other targets keep flowing.
+as pending and burn no attempts; other targets keep flowing.
 After `open_seconds` one probe is let through (half-open): success closes the circuit,
 failure opens it again for twice as long, up to `max_open_seconds`.
 """
@@ -13,6 +13,7 @@ import enum
 import time
 from collections.abc import Callable
 
+from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError
 
 
@@ -35,6 +36,13 @@ class CircuitPolicy:
         if not 0 < self.open_seconds <= self.max_open_seconds:
             raise ConfigurationError("circuit times must satisfy 0 < open <= max_open")
 
+    @property
+    def pauses(self) -> RetryPolicy:
+        """How long the circuit stays open after 0, 1, 2 ... failed probes: doubling
+        from `open_seconds` up to `max_open_seconds`, without jitter."""
+        return RetryPolicy(base_delay=self.open_seconds, max_delay=self.max_open_seconds,
+                           jitter=0.0)  # fmt: skip
+
 
 class CircuitBreaker:
     """Not thread-safe: one per target inside one event loop."""
@@ -44,9 +52,14 @@ class CircuitBreaker:
         self._clock = clock
         self._failures = 0
         self._opened_at = 0.0
-        self._open_for = policy.open_seconds
+        self._pauses = policy.pauses
+        self._failed_probes = 0
         self._state = CircuitState.CLOSED
         self._probing = False
+
+    @property
+    def _open_for(self) -> float:
+        return self._pauses.nominal_delay(self._failed_probes + 1)
 
     @property
     def state(self) -> CircuitState:
@@ -77,7 +90,7 @@ class CircuitBreaker:
     def record_success(self) -> None:
         self._probing = False
         self._failures = 0
-        self._open_for = self._policy.open_seconds
+        self._failed_probes = 0
         self._state = CircuitState.CLOSED
 
     def record_failure(self) -> None:
@@ -88,7 +101,7 @@ class CircuitBreaker:
         if state is CircuitState.OPEN:  # a send that started before it opened
             return
         if state is CircuitState.HALF_OPEN:
-            self._open_for = min(self._open_for * 2, self._policy.max_open_seconds)
+            self._failed_probes += 1
             self._open()
         elif self._failures >= self._policy.failure_threshold:
             self._open()

@@ -1,11 +1,11 @@
-"""The wire envelope: CloudEvents attributes in binary content mode (DESIGN.md).
+"""The wire envelope: CloudEvents attributes in binary content mode.
 
 The payload travels as the broker message's body, untouched; the attributes travel as
 headers, named by each broker's CloudEvents binding (`ce_` on Kafka, `cloudEvents:` on
 AMQP, `ce-` on HTTP and NATS, plain names in Redis stream fields and MQTT 5 user
 properties). A message's own headers travel beside them under their own names.
 
-An *external* target (seed 000) gets the stripped envelope: the attributes an outside
+An *external* target gets the stripped envelope: the attributes an outside
 consumer needs (id for deduplication, type, source, time, subject, correlation,
 causation, tenant, trace context) but none of relaybox's internal bookkeeping (sequence,
 partition, aggregate id, attempts).

@@ -1,10 +1,10 @@
 """A message as a consumer receives it: the relaybox envelope decoded from a broker.
 
 Every broker consumer (`relaybox.consumers.*`) turns what its broker delivered into an
-`Incoming`: the CloudEvents attributes (DESIGN.md's envelope) as typed fields, the
+`Incoming`: the CloudEvents attributes of the wire envelope as typed fields, the
 message's own headers apart from them, and the payload as the bytes that were sent.
 The inbox reads `id` (or `source`, `partition` and `sequence`) from it; handlers read
-the rest, and `follow_up` writes the next message of a chain (seed 004) with its
+the rest, and `follow_up` writes the next message of a chain with its
 causation and correlation carried over.
 """
 
@@ -117,7 +117,7 @@ class Incoming:
         return self.payload.decode("utf-8")
 
     def follow_up(self, *, topic: str, **fields: Any) -> Message:
-        """A new outbox `Message` caused by this one (seed 004's consume-then-publish).
+        """A new outbox `Message` caused by this one (consume, then publish).
 
         Its `causation_id` is this message's id; its `correlation_id` is this message's
         correlation id, or this message's id when it started the conversation; its

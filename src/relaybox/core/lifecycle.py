@@ -1,4 +1,4 @@
-"""The states an outbox row moves through (seed 000).
+"""The states an outbox row moves through.
 
 pending -> processing -> published
 processing -> failed -> (backoff) -> processing ...

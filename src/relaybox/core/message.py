@@ -25,7 +25,7 @@ _UTC = datetime.UTC
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Target:
-    """A broker a message goes to; an external one gets the stripped envelope (seed 000)."""
+    """A broker a message goes to; an external one gets the stripped envelope."""
 
     name: str
     external: bool = False

@@ -84,7 +84,7 @@ def _lock_id_base(table: str) -> int:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Rebalance:
-    """What a relay process does with its partitions at a heartbeat (seed 002).
+    """What a relay process does with its partitions at a heartbeat.
 
     `draining` are partitions beyond the fair share that still have rows in flight:
     they are renewed, not given back, until those rows are settled (so the next owner

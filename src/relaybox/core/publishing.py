@@ -1,4 +1,4 @@
-"""What a publisher reports for each message, and what it can promise (DESIGN.md)."""
+"""What a publisher reports for each message, and what it can promise."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class PublishResult:
     #: A TRANSIENT failure because the broker could not be reached at all (not
     #: connected, connection refused or lost before a reply). It says nothing about the
     #: message, so it costs the message no attempt: an outage, however long, abandons
-    #: nothing (DESIGN.md guarantee 4); the target's circuit pauses it instead.
+    #: nothing; the target's circuit pauses it instead.
     unavailable: bool = False
 
     @property

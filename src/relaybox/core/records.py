@@ -159,7 +159,7 @@ class Failure:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class OutboxStats:
-    """The operational signals of seed 000, plus the oldest pending age and leases."""
+    """The operational signals (counts by status), the oldest pending age and leases."""
 
     counts: Mapping[Status, int]
     oldest_pending_age: float | None

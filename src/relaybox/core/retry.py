@@ -1,4 +1,4 @@
-"""When a failed message is tried again, and when relaybox gives up on it (seed 000).
+"""When a failed message is tried again, and when relaybox gives up on it.
 
 Attempt 1 is immediate; after the n-th failure the next attempt waits
 ``base_delay * multiplier ** (n - 1)``, capped at ``max_delay``, randomised by

@@ -1,4 +1,4 @@
-"""Counters and histograms the relay keeps for its operational signals (seed 000).
+"""Counters and histograms the relay keeps for its operational signals.
 
 Plain numbers bumped on the event loop and read when someone asks (`/metrics`,
 `/api/outbox`): nothing is exported, locked or allocated per message. Exporters
@@ -75,7 +75,7 @@ class TargetCounters:
 
     @property
     def retry_rate(self) -> float | None:
-        """Seed 000's retry rate: the share of attempts that must be tried again."""
+        """The retry rate: the share of attempts that must be tried again."""
         attempts = self.acked + self.retried + self.abandoned
         return self.retried / attempts if attempts else None
 

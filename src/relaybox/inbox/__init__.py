@@ -1,4 +1,4 @@
-"""The inbox: each received message's effects applied exactly once (issue 5, seed 004).
+"""The inbox: each received message's effects applied exactly once.
 
 `Inbox` records a processed message in the consumer's own transaction; `Consumer` runs
 a handler inside such a transaction; `relaybox.consumers.*` feed it from each broker

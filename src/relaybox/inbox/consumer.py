@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import inspect
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any
 
 from relaybox.core.incoming import Incoming
+from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError, EnvelopeError, InboxError
 from relaybox.inbox.inbox import Inbox
 
@@ -104,8 +106,8 @@ class Consumer:
         past it, and the late one would be skipped as a copy. Retrying in place keeps
         each lane in order, at the price of holding up what follows a failing message.
         """
-        delay = self.retry_delay
-        while True:
+        pauses = RetryPolicy(base_delay=self.retry_delay, max_delay=self.max_retry_delay)
+        for failures in itertools.count(1):
             try:
                 outcome = await self._once(message)
                 break
@@ -116,12 +118,12 @@ class Consumer:
                 self.failures += 1
                 if not self.retry_in_place:
                     raise
+                delay = pauses.delay(failures)
                 logger.exception(
                     "handler failed for %s; retrying in %.1fs", message.id, delay,
                     extra={"action": "handler_retry", "message_id": message.id},
                 )  # fmt: skip
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.max_retry_delay)
         if outcome is Processed.APPLIED:
             self.applied += 1
         else:

@@ -5,7 +5,7 @@ the transaction that also holds the handler's effects. Its row count answers "is
 the first copy?": 1, apply the effects; 0, a copy was already applied, skip. Because
 the record is a row under a primary key, written before the effects and committed with
 them, two copies of one message processed at once by two consumers cannot both apply
-theirs (seed 004's subtle case): the second copy's statement waits on the first copy's
+theirs (the subtle case): the second copy's statement waits on the first copy's
 uncommitted row, then finds it committed (skip) or rolled back (apply). Nothing is
 read first and decided later, so there is no window between check and record.
 
@@ -44,7 +44,7 @@ Scope = Literal["partition", "key"]
 SCOPES: tuple[Scope, ...] = ("partition", "key")
 #: The longest consumer name (it is part of every inbox key).
 MAX_CONSUMER_LENGTH = 100
-#: How long processed ids are kept in "id" mode: seed 004's "keep it for a week".
+#: How long processed ids are kept in "id" mode: a week, longer than any redelivery.
 DEFAULT_RETENTION = datetime.timedelta(days=7)
 #: Rows one `purge` call deletes at most: short enough never to hold writers up.
 DEFAULT_PURGE_BATCH = 1000

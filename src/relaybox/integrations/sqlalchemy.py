@@ -12,7 +12,7 @@ At every flush, events recorded by new, changed or deleted entities are inserted
 the session's own connection, after SQLAlchemy has written the entities (so generated
 ids are known) and inside the same transaction. A recorded callable is called then, which
 is how an event can carry an id the database assigns. After the session commits, the
-outbox's commit listeners hear about the messages (the in-process hand-off of seed 001);
+outbox's commit listeners hear about the messages (the in-process hand-off to a relay);
 after a rollback they are dropped.
 """
 

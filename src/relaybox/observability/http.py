@@ -1,7 +1,7 @@
 """The relay's operational endpoints: `relaybox relay --http HOST:PORT`.
 
     GET /metrics      Prometheus text (needs `relaybox[metrics]`)
-    GET /api/outbox   the same signals as JSON (seed 000's operational signals)
+    GET /api/outbox   the same signals as JSON (observability/snapshot.py)
     GET /healthz      200 while the relay's event loop answers
     GET /readyz       200 when every database holds its partitions (or claims rows) and
                       no circuit is open; 503 with the reasons otherwise

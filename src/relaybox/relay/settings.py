@@ -28,7 +28,7 @@ class RelaySettings:
     #: Partitions the relays of a table share (a row's is its stored key hash modulo
     #: this); every relay of one table must use the same count.
     partitions: int = DEFAULT_PARTITIONS
-    #: Spread partitions across relay processes by leases (seed 002); a relay then
+    #: Spread partitions across relay processes by leases; a relay then
     #: reads its partitions' rows without leasing each one. Off: every process claims
     #: from every partition, leasing each row (still safe, half the drain rate). Every
     #: relay of one table must use the same setting.

@@ -1,6 +1,6 @@
 """When the claim loop looks for work next: at once, on a wakeup, or after a backoff.
 
-Wakeups come from an in-process commit hook (seed 001), from LISTEN/NOTIFY, or from
+Wakeups come from an in-process commit hook, from LISTEN/NOTIFY, or from
 nothing at all; the poll is adaptive so an idle relay costs about one query per
 `idle_interval`, and a busy one never waits.
 """

@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from relaybox.core.identifiers import notify_channel
+from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError, StorageError, StorageOperationalError
 from relaybox.storage.postgres import translate
 from relaybox.storage.urls import DatabaseUrl
@@ -230,9 +230,11 @@ class Listener:
             probe.add_done_callback(_retrieved)  # its error, if any, is already told
 
     async def _reconnect(self) -> _Session:
-        delay = self._retry_delay
+        pauses = RetryPolicy(base_delay=self._retry_delay, max_delay=self._max_retry_delay)
+        failures = 0
         while True:
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            failures += 1
+            await asyncio.sleep(pauses.delay(failures))
             try:
                 return await self._open()
             except StorageError as exc:  # even a refused login: a failover may be under way
@@ -241,7 +243,6 @@ class Listener:
                     exc,
                     extra={"action": "listen", "channel": self.channel},
                 )
-                delay = min(delay * 2, self._max_retry_delay)
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:

@@ -88,7 +88,7 @@ def write_orders(db: Path, outbox: Outbox, ledger: Ledger, orders: int, rate: fl
                 now = time.perf_counter()
                 with ledger.lock:
                     ledger.committed.update(dict.fromkeys(ids, now))
-                outbox.committed(events)  # wake the relay in this process (seed 001)
+                outbox.committed(events)  # wake the relay in this process
             time.sleep(max(0.0, started + (n + 1) / rate - time.monotonic()))
     finally:
         conn.close()

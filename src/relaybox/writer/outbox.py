@@ -186,7 +186,7 @@ class Outbox:
         if notify is not None:
             self._next_notify = 0.0
 
-    # -- post-commit hand-off (seed 001) --------------------------------------------
+    # -- post-commit hand-off to a relay in this process ----------------------------
     # A relay in this process subscribes here; integrations that can see the commit
     # (SQLAlchemy's after_commit, Django's on_commit) call `committed`. The database
     # stays the truth: a lost signal only delays a message until the next poll.
