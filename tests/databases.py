@@ -19,7 +19,7 @@ MYSQL_URL = os.environ.get("RELAYBOX_TEST_MYSQL", "mysql://root@127.0.0.1:3306/t
 #: Tables the migrations create beside the outbox table, by suffix.
 SIDE_TABLES = ("_migrations", "_key_locks", "_members", "_partitions", "_watermarks", "_done")
 #: Functions the PostgreSQL migrations create for a table, by suffix of its prefix.
-_PG_FUNCTIONS = ("_claim", "_read", "_read_past", "_finished")
+_PG_FUNCTIONS = ("_claim", "_read_past")
 
 
 def unique_table(stem: str = "rbx") -> str:

@@ -22,7 +22,6 @@ from typing import Any
 
 import aiosqlite
 
-from relaybox import sql
 from relaybox.core.partitions import DEFAULT_PARTITIONS, require_partitions
 from relaybox.core.records import Claim, StoredMessage
 from relaybox.errors import (
@@ -112,16 +111,6 @@ class SQLiteStorage(SqlStorage):
 
     def _seqs(self, seqs: Seqs) -> str:
         return json.dumps(seqs)
-
-    async def create_schema(self) -> None:
-        """Create the tables and indexes if missing (tests, tools, `:memory:` databases)."""
-        statements = sql.statements(sql.schema("sqlite", self.table))
-
-        async def create(session: Session) -> None:
-            for statement in statements:
-                await session.connection.execute(statement, ())
-
-        await self._run(create, atomic=True)
 
     async def claim(
         self,

@@ -262,7 +262,9 @@ class PostgresAdmin:
 
     async def drop(self, table: str) -> None:
         await self._in_database(f"DROP TABLE IF EXISTS {', '.join(_side_tables(table))}")
-        await self._in_database(f"DROP FUNCTION IF EXISTS {index_prefix(table)}_claim")
+        for function in ("claim", "read_past"):
+            await self._in_database(f"DROP FUNCTION IF EXISTS {index_prefix(table)}_{function}")
+        await self._in_database(f"DROP TYPE IF EXISTS {table}_status")
 
     async def close(self) -> None:
         await self._stats.close()
