@@ -17,13 +17,26 @@ subscription's QoS.
 Acknowledgement after the commit: aiomqtt has no manual acknowledgement (paho sends the
 PUBACK as soon as its `on_message` callback returns, i.e. when aiomqtt queues the
 message). paho 2 has one, `manual_ack_set(True)` and `ack(mid, qos)`, and this module
-switches it on in the `paho.mqtt.client.Client` that aiomqtt wraps (its `_client`). A
-QoS 1 message is then PUBACKed only after `Consumer.process` returned. For QoS 2, paho
-sends the PUBREC on arrival even with manual acks, and after a PUBREC the broker never
-sends that PUBLISH again, so a crash before the commit would lose it; here paho hands a
-QoS 2 PUBLISH over like a QoS 1 one (no PUBREC), the PUBREC is sent after the commit, and
-the broker's PUBREL is answered with a PUBCOMP at once. Acknowledgements go out in the
-order the messages came, as MQTT requires, because messages are processed one by one.
+switches it on in the paho client that aiomqtt drives. A QoS 1 message is then PUBACKed
+only after `Consumer.process` returned.
+For QoS 2, paho sends the PUBREC on arrival even with manual acks, and after a PUBREC
+the broker never sends that PUBLISH again, so a crash before the commit would lose it;
+here paho is handed a QoS 2 PUBLISH as a QoS 1 one (no PUBREC), the PUBREC is sent after
+the commit, and the broker's PUBREL is answered with a PUBCOMP (paho's `ack(mid, 2)`) at
+once. Acknowledgements go out in the order the messages came, as MQTT requires, because
+messages are processed one by one.
+
+Client internals, used where neither library has a public API for what this needs:
+aiomqtt's `Client._client`, the paho client itself, which aiomqtt offers no other way
+to (`relaybox.publishers.mqtt.MqttLink` takes it, and follows the connection through
+paho's public callbacks); and, for QoS 2 only, paho's `Client._packet_handle`, wrapped on
+this consumer's own clients to see each incoming packet first (`Client._in_packet` is
+rewritten there: a QoS 2 PUBLISH's QoS bits read 1, so paho delivers it without
+answering), and `Client._send_pubrec(mid)`, which sends the PUBREC after the commit
+(paho's public `ack` sends only a PUBACK or a PUBCOMP). The `mqtt` extra pins the
+releases this was checked against, and
+`tests/brokers/test_mqtt.py::test_the_aiomqtt_and_paho_internals_relaybox_uses` fails
+when these internals change.
 
 Verdicts (MQTT has no negative acknowledgement):
     ACK     PUBACK (QoS 1) or PUBREC (QoS 2), after the commit.
@@ -57,11 +70,10 @@ first connection must succeed: `start()` fails if the broker cannot be reached.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from relaybox.consumers.base import BrokerConsumer, Verdict
@@ -289,44 +301,31 @@ class MqttConsumer(BrokerConsumer):
 
 
 class _Session:
-    """One aiomqtt connection whose deliveries are acknowledged by `acknowledge` only.
-
-    It reaches into the paho client aiomqtt wraps: `manual_ack_set(True)` (public paho
-    2 API), and, for QoS 2, paho's packet handlers, which have no public hook.
-    """
+    """One aiomqtt connection whose deliveries are acknowledged by `acknowledge` only."""
 
     def __init__(self, client: aiomqtt.Client) -> None:
+        from paho.mqtt.packettypes import PacketTypes
+
+        from relaybox.publishers.mqtt import MqttLink
+
         self.client = client
-        self._paho: paho.Client = client._client
+        self._link = MqttLink(client, on_packet=self._deferring_qos2)
+        self._paho = self._link.paho
         self._paho.manual_ack_set(True)
+        self._publish_type, self._pubrel_type = PacketTypes.PUBLISH, PacketTypes.PUBREL
         self._qos2_arriving = False
-        self._paho._handle_publish = self._deferring_pubrec(self._paho._handle_publish)  # type: ignore[method-assign]
-        self._paho._handle_pubrel = self._completing(self._paho._handle_pubrel)  # type: ignore[method-assign]
         self._paho.on_message = self._marking_qos2(self._paho.on_message)
 
     @property
     def alive(self) -> bool:
-        return not self.client._disconnected.done()
+        return self._link.alive
 
     async def open(self) -> None:
-        try:
-            await self.client.__aenter__()
-        except BaseException:
-            self._paho.disconnect()  # aiomqtt leaves the socket open without a CONNACK
-            raise
+        await self._link.open()
 
     async def close(self, timeout: float) -> None:
         """Disconnect (the session stays on the broker, for `session_expiry`)."""
-        import aiomqtt
-
-        disconnected = self.client._disconnected
-        if disconnected.done() and not disconnected.cancelled():
-            disconnected.exception()  # seen: asyncio would log it as never retrieved
-        if not self.client._lock.locked():
-            return  # never connected
-        with contextlib.suppress(aiomqtt.MqttError, TimeoutError, OSError):
-            async with asyncio.timeout(timeout):
-                await self.client.__aexit__(None, None, None)
+        await self._link.close(timeout)
 
     def acknowledge(self, message: aiomqtt.Message) -> bool:
         """PUBACK a QoS 1 message, PUBREC a QoS 2 one; False if it could not be sent."""
@@ -342,41 +341,34 @@ class _Session:
             return True  # QoS 0: nothing to acknowledge
         return sent == MQTTErrorCode.MQTT_ERR_SUCCESS
 
-    def _deferring_pubrec(
-        self, handle_publish: Callable[[], MQTTErrorCode]
-    ) -> Callable[[], MQTTErrorCode]:
+    def _deferring_qos2(
+        self, packet: MutableMapping[str, Any], handle: Callable[[], MQTTErrorCode]
+    ) -> MQTTErrorCode:
         """paho answers a QoS 2 PUBLISH with PUBREC on arrival, manual acks or not, and
         delivers it only at PUBREL; as QoS 1 with manual acks it delivers at once and
-        sends nothing. So a QoS 2 PUBLISH goes through paho's QoS 1 path, marked."""
-
-        def deferring() -> MQTTErrorCode:
-            packet = self._paho._in_packet
-            if (packet["command"] & 0x06) != 0x04:  # the QoS bits: not QoS 2
-                return handle_publish()
-            packet["command"] = (packet["command"] & ~0x06) | 0x02
-            self._qos2_arriving = True
-            try:
-                return handle_publish()
-            finally:
-                self._qos2_arriving = False
-
-        return deferring
-
-    def _completing(
-        self, handle_pubrel: Callable[[], MQTTErrorCode]
-    ) -> Callable[[], MQTTErrorCode]:
-        """With manual acks paho answers no PUBREL for a message it did not keep (ours):
-        complete the flow, the message is committed and acknowledged by then."""
+        sends nothing. So a QoS 2 PUBLISH goes through paho's QoS 1 path, marked. With
+        manual acks paho answers no PUBREL for a message it did not keep (ours): the
+        flow is completed here, the message is committed and acknowledged by then."""
         from paho.mqtt.enums import MQTTErrorCode
 
-        def completing() -> MQTTErrorCode:
-            handled = handle_pubrel()
+        from relaybox.publishers.mqtt import packet_mid
+
+        command: int = packet["command"]
+        packet_type = command >> 4
+        if packet_type == self._publish_type and command & 0x06 == 0x04:  # QoS bits: 2
+            packet["command"] = (command & ~0x06) | 0x02
+            self._qos2_arriving = True
+            try:
+                return handle()
+            finally:
+                self._qos2_arriving = False
+        if packet_type == self._pubrel_type:
+            mid = packet_mid(packet)
+            handled = handle()
             if handled != MQTTErrorCode.MQTT_ERR_SUCCESS:
                 return handled
-            mid = int.from_bytes(self._paho._in_packet["packet"][:2], "big")
-            return self._paho._send_pubcomp(mid)
-
-        return completing
+            return self._paho.ack(mid, 2)  # the PUBCOMP
+        return handle()
 
     def _marking_qos2(self, deliver: Any) -> Callable[[paho.Client, Any, paho.MQTTMessage], None]:
         def marking(client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
