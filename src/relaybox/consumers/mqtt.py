@@ -12,7 +12,8 @@ own client id (the broker disconnects the older of two connections with one id);
 share a topic's messages between instances, subscribe to a shared subscription,
 `$share/<group>/<topic>`. Messages are received at QoS 1 (`qos=2` for exactly-once
 flows); the broker delivers a message at the lower of its publisher's and the
-subscription's QoS.
+subscription's QoS, and at most `prefetch` unacknowledged at a time (the connection's
+Receive Maximum).
 
 Acknowledgement after the commit: aiomqtt has no manual acknowledgement (paho sends the
 PUBACK as soon as its `on_message` callback returns, i.e. when aiomqtt queues the
@@ -61,24 +62,30 @@ for a session is bounded by its configuration (Mosquitto: `max_queued_messages`,
 by default, beyond which it drops QoS 1 and 2 messages for that session, and
 `persistence` to keep sessions over a restart): size it for the longest outage.
 
-Reconnects: after a lost connection the consumer connects again every `reconnect_wait`
-seconds, resumes the session and subscribes again; messages received on the lost
-connection and not yet processed are dropped here, the broker resends them. Only the
-first connection must succeed: `start()` fails if the broker cannot be reached.
+Reconnects: after a lost connection the consumer connects again after `reconnect_wait`
+seconds (doubled per further failed attempt), resumes the session and subscribes again;
+messages received on the lost connection and not yet processed are dropped here, the
+broker resends them. Only the first connection must succeed: `start()` fails if the
+broker cannot be reached.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import ssl
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from relaybox.consumers.base import BrokerConsumer, Verdict
+from relaybox.consumers.base import (
+    DEFAULTS,
+    Backoff,
+    BrokerConsumer,
+    Verdict,
+    check_positive,
+    redelivery_policy,
+)
 from relaybox.core.incoming import Incoming
-from relaybox.core.retry import RetryPolicy
 from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError
 from relaybox.inbox.consumer import Consumer
 from relaybox.publishers.options import BrokerUrl
@@ -102,6 +109,8 @@ ATTRIBUTE_NAMES = frozenset({
 _ALSO_HEADERS = frozenset({"traceparent"})
 #: The largest Session Expiry Interval; it means "never expires".
 MAX_SESSION_EXPIRY = 0xFFFFFFFF
+#: The largest Receive Maximum a client can ask for.
+MAX_RECEIVE_MAXIMUM = 0xFFFF
 
 
 def decode(message: aiomqtt.Message) -> Incoming:
@@ -138,10 +147,11 @@ class MqttConsumer(BrokerConsumer):
         qos: int = 1,
         session_expiry: int = 7 * 24 * 3600,
         keepalive: int = 60,
-        timeout: float = 10.0,
-        retry_delay: float = 1.0,
-        max_retry_delay: float = 30.0,
-        reconnect_wait: float = 1.0,
+        prefetch: int = DEFAULTS.prefetch,
+        timeout: float = DEFAULTS.timeout,
+        retry_delay: float = DEFAULTS.retry_delay,
+        max_retry_delay: float = DEFAULTS.max_retry_delay,
+        reconnect_wait: float = DEFAULTS.reconnect_wait,
     ) -> None:
         """
         url              the broker, `mqtt://[user:password@]host[:port]` (1883) or
@@ -151,11 +161,14 @@ class MqttConsumer(BrokerConsumer):
         qos              1 or 2, the subscriptions' maximum QoS.
         session_expiry   seconds the broker keeps the session after a disconnect.
         keepalive        seconds between PINGREQs when idle.
+        prefetch         messages the broker sends unacknowledged at a time (the
+                         Receive Maximum of the connection; 1 to 65535).
         timeout          seconds to connect and subscribe.
         retry_delay      seconds before a RETRY runs the handler again, doubled per
                          failure of that message...
         max_retry_delay  ... up to this.
-        reconnect_wait   seconds between reconnect attempts after a lost connection.
+        reconnect_wait   seconds before reconnecting after a lost connection, doubled
+                         per further failed attempt.
         """
         super().__init__(consumer)
         parsed = BrokerUrl(url)
@@ -174,8 +187,9 @@ class MqttConsumer(BrokerConsumer):
                 f"session_expiry={session_expiry!r}: 1 to {MAX_SESSION_EXPIRY} seconds "
                 "(0 would end the session, and its unacknowledged messages, on disconnect)"
             )
-        if min(timeout, reconnect_wait, keepalive) <= 0 or min(retry_delay, max_retry_delay) < 0:
-            raise ConfigurationError("MqttConsumer delays must not be negative, timeouts positive")
+        if not 0 < prefetch <= MAX_RECEIVE_MAXIMUM:
+            raise ConfigurationError(f"prefetch={prefetch!r}: 1 to {MAX_RECEIVE_MAXIMUM}")
+        check_positive(keepalive=keepalive, timeout=timeout)
         self.host = parsed.host
         self.port = parsed.port(8883 if parsed.scheme == "mqtts" else 1883)
         self.tls = parsed.scheme == "mqtts"
@@ -186,11 +200,13 @@ class MqttConsumer(BrokerConsumer):
         self.qos = qos
         self.session_expiry = session_expiry
         self.keepalive = keepalive
+        self.prefetch = prefetch
         self.timeout = timeout
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
-        self._delays = RetryPolicy(base_delay=retry_delay, max_delay=max_retry_delay)
+        self._delays = redelivery_policy(retry_delay, max_retry_delay)
         self.reconnect_wait = reconnect_wait
+        self._reconnects = Backoff.reconnects(reconnect_wait)
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -204,6 +220,7 @@ class MqttConsumer(BrokerConsumer):
                 await session.open()
                 connected = True
                 await self._subscribe(session.client)
+                self._reconnects.succeeded()
                 self.ready()
                 await self._consume(session)
             except aiomqtt.MqttError as error:
@@ -218,7 +235,7 @@ class MqttConsumer(BrokerConsumer):
                 )  # fmt: skip
             finally:
                 await session.close(self.timeout)
-            await asyncio.sleep(self.reconnect_wait)
+            await self._reconnects.wait()
 
     async def _consume(self, session: _Session) -> None:
         import aiomqtt
@@ -235,10 +252,9 @@ class MqttConsumer(BrokerConsumer):
         """Handle until ACK or REJECT; RETRY runs it again here, after a backoff."""
         import aiomqtt
 
-        failures = 0
+        retries = Backoff(self._delays)
         while (verdict := await self.handle(functools.partial(decode, message))) is Verdict.RETRY:
-            failures += 1
-            await asyncio.sleep(self._delays.nominal_delay(failures))
+            await retries.wait()
             if not session.alive:
                 raise aiomqtt.MqttError("disconnected while retrying a message")
         return verdict
@@ -262,6 +278,7 @@ class MqttConsumer(BrokerConsumer):
 
         properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         properties.SessionExpiryInterval = self.session_expiry
+        properties.ReceiveMaximum = self.prefetch
         client = aiomqtt.Client(
             self.host,
             self.port,
