@@ -17,6 +17,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
 import pytest
@@ -252,9 +253,7 @@ def test_percent_encoded_credentials_reach_the_broker_decoded() -> None:
     ],
 )
 def test_classifies_reason_codes(code: int, outcome: Outcome) -> None:
-    from paho.mqtt.reasoncodes import ReasonCode
-
-    assert mqtt._result(ReasonCode(PacketTypes.PUBACK, identifier=code)).outcome is outcome
+    assert mqtt._result(code).outcome is outcome
 
 
 @pytest.mark.parametrize(
@@ -325,9 +324,75 @@ async def test_what_a_strict_broker_refuses_fails_alone_and_permanently(qos: str
         assert "Packet too large (0x95)" in (results[2].error or "")
         assert "maximum packet size of 5000" in (results[3].error or "")
         assert outcomes(again) == [Outcome.ACKED]
+        # Handled on the publisher's own client: paho's table still refuses 0x95 there.
+        assert not mqtt.decodable(PacketTypes.PUBACK, 0x95)
     finally:
         await broker.stop()
         shutil.rmtree(broker.directory, ignore_errors=True)
+
+
+async def test_the_aiomqtt_and_paho_internals_relaybox_uses() -> None:
+    """`relaybox.publishers.mqtt.MqttLink` takes the paho client that aiomqtt drives from
+    `aiomqtt.Client._client`, and sees each incoming packet before paho decodes it by
+    wrapping that client's `_packet_handle`, reading and rewriting `_in_packet` there;
+    the consumer sends a QoS 2 PUBREC with `_send_pubrec(mid)`. This fails if an aiomqtt
+    or paho release renames any of them, changes what they take or hold, or no longer
+    handles received packets through them: then the MQTT modules must follow, and the
+    `mqtt` extra's pins move with them."""
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import MQTTErrorCode
+
+    quiet, qos2 = unique_topic(), unique_topic()
+    seen: list[tuple[int, bytes]] = []
+    confirmed: list[int] = []
+    async with aiomqtt.Client("127.0.0.1", 1883, protocol=aiomqtt.ProtocolVersion.V5) as client:
+        inner = client._client
+        assert isinstance(inner, paho.Client)
+        assert inner.is_connected()
+        handle = inner._packet_handle
+
+        def watching() -> MQTTErrorCode:
+            packet = inner._in_packet
+            command, body = packet["command"], packet["packet"]
+            seen.append((command, bytes(body)))
+            if command >> 4 == PacketTypes.PUBACK:
+                body[2] = 0x97  # what paho decodes is the rewritten packet
+            if command >> 4 == PacketTypes.PUBLISH and command & 0x06 == 0x04:
+                packet["command"] = (command & ~0x06) | 0x02  # QoS 2 handled as QoS 1
+            handled = handle()
+            if command >> 4 == PacketTypes.PUBREL:
+                return inner.ack(int.from_bytes(body[:2], "big"), 2)  # the PUBCOMP
+            return handled
+
+        inner._packet_handle = watching  # type: ignore[method-assign]
+        on_publish = inner.on_publish
+        assert on_publish is not None
+
+        def confirming(*arguments: Any) -> None:
+            confirmed.append(arguments[3].value)  # (client, userdata, mid, reason_code, ...)
+            on_publish(*arguments)
+
+        inner.on_publish = confirming
+        # Nobody subscribes: Mosquitto's PUBACK says 0x10 (no matching subscribers).
+        await client.publish(quiet, b"x", qos=1)
+        assert [command >> 4 for command, _ in seen] == [PacketTypes.PUBACK]
+        assert seen[0][1][2] == 0x10
+        assert confirmed == [0x97]
+
+        inner.manual_ack_set(True)
+        await client.subscribe(qos2, qos=2)
+        async with aiomqtt.Client("127.0.0.1", 1883, protocol=aiomqtt.ProtocolVersion.V5) as other:
+            # Completes only with the PUBCOMP, which needs the PUBREC sent below.
+            sending = asyncio.create_task(other.publish(qos2, b"y", qos=2, timeout=30))
+            message = await asyncio.wait_for(anext(client.messages), 30)
+            assert (message.payload, message.qos) == (b"y", 1)  # not PUBRECed by paho
+            assert inner._send_pubrec(message.mid) == MQTTErrorCode.MQTT_ERR_SUCCESS
+            await asyncio.wait_for(sending, 30)
+    mid = message.mid.to_bytes(2, "big")
+    types = [(command >> 4, command & 0x06) for command, _ in seen[1:]]
+    assert types == [(PacketTypes.SUBACK, 0), (PacketTypes.PUBLISH, 0x04),
+                     (PacketTypes.PUBREL, 0x02)]  # fmt: skip
+    assert seen[-1][1][:2] == mid
 
 
 async def test_a_throwaway_broker_keeps_queued_messages_over_a_restart() -> None:

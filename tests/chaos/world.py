@@ -312,7 +312,7 @@ class ChaosWorld:
         for _ in range(CONSUMERS):  # competing instances of one durable
             consumer = NatsConsumer(
                 self.nats.url, Consumer(self._apply, inbox=inbox, transaction=self._transaction),
-                stream=STREAM, durable="chaos", batch=50, ack_wait=10.0, retry_delay=0.2,
+                stream=STREAM, durable="chaos", prefetch=50, ack_wait=10.0, retry_delay=0.2,
                 max_retry_delay=2.0, reconnect_wait=0.2,
             )  # fmt: skip
             await consumer.start()

@@ -45,7 +45,8 @@ from tests.inbox.support import InboxWorld, wait_until
 
 PARTITIONS = 3
 #: Short group timings: tansu answers a JoinGroup after about half the session timeout.
-FAST = {"session_timeout": 2.0, "heartbeat_interval": 0.3, "retry_backoff": 0.2}
+FAST = {"session_timeout": 2.0, "heartbeat_interval": 0.3, "retry_delay": 0.2,
+        "reconnect_wait": 0.2}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -339,7 +340,7 @@ async def test_stopping_while_a_partition_waits_to_retry_loses_nothing(
 
     await kafka.publish(message)
     failing = world.consumer(before_effect=always_fail)
-    async with kafka.consumer(failing, retry_backoff=5.0) as receiver:
+    async with kafka.consumer(failing, retry_delay=5.0) as receiver:
         await wait_until(lambda: receiver.retried >= 1)
     assert await kafka.unacknowledged() == 1
     healthy = world.consumer()
@@ -410,21 +411,23 @@ def test_parses_bootstrap_servers(given: str, servers: str) -> None:
 
 @pytest.mark.parametrize(
     ("options", "error"),
-    [({"bootstrap": "kafka://a:1?timeout=3"}, "without a path or options"),
-     ({"bootstrap": "nats://a"}, "without a path or options"),
-     ({"bootstrap": " , "}, "no Kafka bootstrap server"),
+    [({"url": "kafka://a:1?timeout=3"}, "without a path or options"),
+     ({"url": "nats://a"}, "without a path or options"),
+     ({"url": " , "}, "no Kafka bootstrap server"),
      ({"topics": []}, "name at least one topic"),
      ({"group_id": ""}, "needs a group_id"),
-     ({"retry_backoff": 0}, "retry_backoff"),
-     ({"max_records": 0}, "max_records"),
+     ({"retry_delay": -1}, "retry_delay"),
+     ({"retry_delay": 5.0, "max_retry_delay": 1.0}, "retry_delay <= max_retry_delay"),
+     ({"prefetch": 0}, "prefetch"),
+     ({"reconnect_wait": 0}, "reconnect_wait"),
      ({"heartbeat_interval": 20.0}, "heartbeat_interval"),
      ({"settings": {"enable_auto_commit": True}}, "may not set enable_auto_commit")],
 )  # fmt: skip
 def test_checks_its_options(options: dict[str, Any], error: str) -> None:
     arguments: dict[str, Any] = {"topics": "t", "group_id": "g", **options}
-    bootstrap = arguments.pop("bootstrap", "h:1")
+    url = arguments.pop("url", "h:1")
     with pytest.raises(ConfigurationError, match=error):
-        KafkaConsumer(bootstrap, idle_consumer(), **arguments)
+        KafkaConsumer(url, idle_consumer(), **arguments)
 
 
 async def test_start_fails_clearly_without_a_broker(world: InboxWorld) -> None:

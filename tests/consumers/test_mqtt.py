@@ -221,6 +221,9 @@ async def test_start_fails_clearly(world: InboxWorld) -> None:
         ({"client_id": ""}, "client_id"),
         ({"topics": []}, "topic filter"),
         ({"session_expiry": 0}, "session_expiry"),
+        ({"prefetch": 0}, "prefetch=0"),
+        ({"prefetch": 65536}, "prefetch=65536"),
+        ({"reconnect_wait": 0}, "reconnect_wait"),
     ],
 )
 def test_rejects_bad_options(options: dict[str, Any], error: str) -> None:

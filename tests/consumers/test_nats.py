@@ -75,13 +75,13 @@ class NatsHarness(ConsumerHarness):
         return NatsConsumer(self.url, consumer, stream=self.name, **options)
 
     def crashing(self, consumer: Consumer) -> BrokerConsumer:
-        return self.consumer(consumer, ack_wait=1.0, batch=1)
+        return self.consumer(consumer, ack_wait=1.0, prefetch=1)
 
     def successor(self, crashed: BrokerConsumer, consumer: Consumer) -> BrokerConsumer:
         return self.consumer(consumer, ack_wait=1.0)
 
     def racer(self, consumer: Consumer) -> BrokerConsumer:
-        return self.consumer(consumer, batch=1)
+        return self.consumer(consumer, prefetch=1)
 
     async def rejecting(self, consumer: Consumer) -> BrokerConsumer:
         return self.consumer(consumer, ack_wait=1.0)
@@ -174,6 +174,6 @@ async def test_keeps_consuming_across_a_server_restart(world: InboxWorld) -> Non
 
 async def test_start_fails_clearly_when_nothing_listens(world: InboxWorld) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
-    consumer = NatsConsumer(url, world.consumer(), stream="any", connect_timeout=1.0)
+    consumer = NatsConsumer(url, world.consumer(), stream="any", timeout=1.0)
     with pytest.raises(BrokerUnavailableError, match="cannot connect to NATS"):
         await consumer.start()

@@ -47,7 +47,7 @@ class RedisHarness(ConsumerHarness):
 
     def consumer(self, consumer: Consumer, **options: Any) -> RedisConsumer:
         options.setdefault("group", "billing")
-        options.setdefault("block", 0.2)
+        options.setdefault("fetch_timeout", 0.2)
         return RedisConsumer(self.url, consumer, stream=self.topic, **options)
 
     def retrying(self, consumer: Consumer) -> BrokerConsumer:
@@ -60,7 +60,7 @@ class RedisHarness(ConsumerHarness):
         return self.consumer(consumer, claim_idle=0.5)
 
     def racer(self, consumer: Consumer) -> BrokerConsumer:
-        return self.consumer(consumer, count=1)
+        return self.consumer(consumer, prefetch=1)
 
     async def rejecting(self, consumer: Consumer) -> BrokerConsumer:
         self.keys.add(self.dead_letter)

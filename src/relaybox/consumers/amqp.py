@@ -35,10 +35,11 @@ delivery that RabbitMQ marks as not redelivered, and None for a redelivery of un
 count (a classic queue).
 
 Reconnects: `connect_robust` connects again every `reconnect_wait` seconds after a lost
-connection and restores the channel, its prefetch, the queue, its bindings and the
-consumer. Deliveries of the lost channel still waiting in this process are dropped
-unprocessed, and a settle on a closed channel is logged and ignored: RabbitMQ requeued
-them all when the channel closed.
+connection (aio-pika's own loop: unlike the other consumers' waits, this one does not
+grow) and restores the channel, its prefetch, the queue, its bindings and the consumer.
+Deliveries of the lost channel still waiting in this process are dropped unprocessed,
+and a settle on a closed channel is logged and ignored: RabbitMQ requeued them all when
+the channel closed.
 """
 
 from __future__ import annotations
@@ -51,10 +52,16 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from relaybox.consumers.base import BrokerConsumer, Verdict
+from relaybox.consumers.base import (
+    DEFAULTS,
+    Backoff,
+    BrokerConsumer,
+    Verdict,
+    check_positive,
+    redelivery_policy,
+)
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
-from relaybox.core.retry import RetryPolicy
 from relaybox.core.urls import mask_password
 from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError
 from relaybox.inbox.consumer import Consumer
@@ -131,11 +138,11 @@ class AmqpConsumer(BrokerConsumer):
         routing_keys: Sequence[str] | None = None,
         declare: bool = True,
         queue_arguments: Mapping[str, Any] | None = None,
-        prefetch: int = 10,
-        retry_delay: float = 1.0,
-        max_retry_delay: float = 30.0,
-        timeout: float = 10.0,
-        reconnect_wait: float = 1.0,
+        prefetch: int = DEFAULTS.prefetch,
+        retry_delay: float = DEFAULTS.retry_delay,
+        max_retry_delay: float = DEFAULTS.max_retry_delay,
+        timeout: float = DEFAULTS.timeout,
+        reconnect_wait: float = DEFAULTS.reconnect_wait,
         name: str = "relaybox-consumer",
     ) -> None:
         """
@@ -158,10 +165,7 @@ class AmqpConsumer(BrokerConsumer):
         super().__init__(consumer)
         if not queue:
             raise ConfigurationError("AmqpConsumer needs a queue name")
-        if prefetch < 1:
-            raise ConfigurationError(f"prefetch={prefetch!r}: prefetch at least one delivery")
-        if min(timeout, reconnect_wait) <= 0 or min(retry_delay, max_retry_delay) < 0:
-            raise ConfigurationError("AmqpConsumer delays must not be negative, timeouts positive")
+        check_positive(prefetch=prefetch, timeout=timeout, reconnect_wait=reconnect_wait)
         self.url = url
         self.queue = queue
         self.exchange = exchange
@@ -171,12 +175,12 @@ class AmqpConsumer(BrokerConsumer):
         self.prefetch = prefetch
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
-        self._delays = RetryPolicy(base_delay=retry_delay, max_delay=max_retry_delay)
+        #: Consecutive RETRY verdicts, whatever the message: the handler's trouble.
+        self._retries = Backoff(redelivery_policy(retry_delay, max_retry_delay))
         self.timeout = timeout
         self.reconnect_wait = reconnect_wait
         self.name = name
         self._masked = mask_password(url)
-        self._failures = 0  # consecutive RETRY verdicts, for the backoff
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -205,10 +209,9 @@ class AmqpConsumer(BrokerConsumer):
         from aiormq.exceptions import AMQPError
 
         if verdict is Verdict.RETRY:
-            self._failures += 1
-            await asyncio.sleep(self._delays.nominal_delay(self._failures))
+            await self._retries.wait()
         else:
-            self._failures = 0
+            self._retries.succeeded()
         try:
             if verdict is Verdict.ACK:
                 await delivery.ack()

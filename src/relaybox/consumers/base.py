@@ -6,6 +6,10 @@ the verdict: `ACK` after the transaction committed (the handler's effects, or a
 duplicate skipped), `RETRY` when the handler raised (the transaction rolled back: the
 broker must deliver it again), `REJECT` when the delivery is not a readable envelope
 (it never will be: drop it, or dead-letter it where the broker can).
+
+The settings the consumers share are named and defaulted here, once (`SharedSettings`);
+their backoffs, after a handler failed and after a lost connection, are
+`relaybox.core.retry.RetryPolicy` delays.
 """
 
 from __future__ import annotations
@@ -13,16 +17,96 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Self
 
 from relaybox.core.incoming import Incoming
-from relaybox.errors import EnvelopeError
+from relaybox.core.retry import RetryPolicy
+from relaybox.errors import ConfigurationError, EnvelopeError
 from relaybox.inbox.consumer import Consumer
 
 logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SharedSettings:
+    """What the broker consumers have in common, each under one name with one default.
+
+    Every consumer's constructor takes the broker's address first, as `url`, then
+    those of these settings that apply to its broker, under these names and defaulting
+    to `DEFAULTS`; its broker's own settings keep its broker's names.
+    """
+
+    #: Deliveries taken from the broker ahead of processing, unacknowledged: RabbitMQ's
+    #: prefetch count, a JetStream fetch, an XREADGROUP's COUNT, a Kafka poll's records,
+    #: MQTT's Receive Maximum. More keeps a fast handler busy; fewer holds less back
+    #: from competing consumers, and less waits behind a slow message.
+    prefetch: int = 10
+    #: Seconds a pull waits for new deliveries before asking again (a long poll).
+    fetch_timeout: float = 1.0
+    #: Seconds before a delivery whose handler failed is tried again, doubled per
+    #: further failure of it...
+    retry_delay: float = 1.0
+    #: ... up to this.
+    max_retry_delay: float = 30.0
+    #: Seconds to connect and set up (declare, bind, subscribe): `start()` fails then.
+    timeout: float = 10.0
+    #: Seconds before reconnecting after a lost connection, doubled per further failed
+    #: attempt up to `MAX_RECONNECT_WAIT` (or this, if it is longer).
+    reconnect_wait: float = 1.0
+
+
+DEFAULTS = SharedSettings()
+#: The longest wait between reconnect attempts while a broker stays unreachable.
+MAX_RECONNECT_WAIT = 10.0
+
+
+def check_positive(**settings: float) -> None:
+    """Refuse a count, timeout or wait that is not above zero, naming it."""
+    for name, value in settings.items():
+        if not value > 0:
+            raise ConfigurationError(f"{name}={value!r}: must be above zero")
+
+
+def redelivery_policy(retry_delay: float, max_retry_delay: float) -> RetryPolicy:
+    """The backoff before a delivery whose handler failed is tried again."""
+    if not 0 <= retry_delay <= max_retry_delay:
+        raise ConfigurationError(
+            f"retry_delay={retry_delay!r}, max_retry_delay={max_retry_delay!r}: "
+            "need 0 <= retry_delay <= max_retry_delay"
+        )
+    return RetryPolicy(base_delay=retry_delay, max_delay=max_retry_delay)
+
+
+class Backoff:
+    """Consecutive failures of one thing, and the wait before its next attempt: the
+    policy's delay for that many failures; a success starts it over."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.failures = 0
+
+    @classmethod
+    def reconnects(cls, reconnect_wait: float) -> Backoff:
+        """The waits between attempts to reach a broker again (`reconnect_wait`)."""
+        check_positive(reconnect_wait=reconnect_wait)
+        most = max(reconnect_wait, MAX_RECONNECT_WAIT)
+        return cls(RetryPolicy(base_delay=reconnect_wait, max_delay=most))
+
+    def failed(self) -> float:
+        """Count a failure; return the seconds to wait before trying again."""
+        self.failures += 1
+        return self.policy.nominal_delay(self.failures)
+
+    def succeeded(self) -> None:
+        self.failures = 0
+
+    async def wait(self) -> None:
+        """Count a failure and wait as long as it says."""
+        await asyncio.sleep(self.failed())
 
 
 class Verdict(enum.Enum):

@@ -8,10 +8,11 @@
 The consumer joins `group_id` with `enable_auto_commit=False` and
 `auto_offset_reset="earliest"` (a new group starts at the beginning of each partition).
 Several `KafkaConsumer`s in one group share the topics' partitions (Kafka's competing
-consumers). Each assigned partition is processed in offset order, one record at a
-time, by a task of its own: while it works, the partition is paused (nothing more is
-fetched for it), so a slow or retrying partition holds up only itself and every key
-keeps its order; the other partitions go on.
+consumers). Each poll takes up to `prefetch` records (waiting `fetch_timeout` for them);
+each assigned partition is processed in offset order, one record at a time, by a task
+of its own: while it works, the partition is paused (nothing more is fetched for it),
+so a slow or retrying partition holds up only itself and every key keeps its order; the
+other partitions go on.
 
 Verdicts, settled only after `Consumer.process` returned (after the database commit):
     ACK     commit offset + 1 for the record's partition (one OffsetCommit per record).
@@ -20,8 +21,8 @@ Verdicts, settled only after `Consumer.process` returned (after the database com
             from the last committed offset and the inbox acknowledges the copies as
             duplicates.
     RETRY   seek the partition back to the record's offset and resume it after a
-            backoff (`retry_backoff`, doubled per consecutive failure of that record up
-            to `max_retry_backoff`): the broker delivers the record again, and nothing
+            backoff (`retry_delay`, doubled per consecutive failure of that record up
+            to `max_retry_delay`): the broker delivers the record again, and nothing
             behind it in the partition is processed before it (per-key order).
     REJECT  logged and committed past (Kafka cannot delete one record; there is no
             dead-letter topic here): the partition goes on with the next record.
@@ -40,8 +41,11 @@ own headers beside them; the record key is the message key. Kafka has no deliver
 count, so `Incoming.delivery_count` is None.
 
 aiokafka reconnects to the cluster by itself once started (fetches wait, commits retry
-until the broker is back); only the first connection must succeed, otherwise `start()`
-/ `run()` raise `BrokerUnavailableError`.
+until the broker is back); a poll that fails nonetheless is tried again after
+`reconnect_wait`, doubled per further failure. Only the first connection must succeed,
+otherwise `start()` / `run()` raise `BrokerUnavailableError`. There is no `timeout`:
+joining the group takes as long as the group's rebalance does, which Kafka's own
+`session_timeout`, `max_poll_interval` and `request_timeout` bound.
 """
 
 from __future__ import annotations
@@ -55,10 +59,16 @@ import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from relaybox.consumers.base import BrokerConsumer, Verdict
+from relaybox.consumers.base import (
+    DEFAULTS,
+    Backoff,
+    BrokerConsumer,
+    Verdict,
+    check_positive,
+    redelivery_policy,
+)
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
-from relaybox.core.retry import RetryPolicy
 from relaybox.errors import BrokerUnavailableError, ConfigurationError, EnvelopeError
 from relaybox.inbox.consumer import Consumer
 from relaybox.publishers.kafka import DEFAULT_PORT, PREFIX
@@ -145,37 +155,35 @@ class KafkaConsumer(BrokerConsumer):
 
     def __init__(
         self,
-        bootstrap_servers: str,
+        url: str,
         consumer: Consumer,
         *,
         topics: str | Iterable[str],
         group_id: str,
         client_id: str = "relaybox",
-        retry_backoff: float = 1.0,
-        max_retry_backoff: float = 30.0,
-        max_records: int = 100,
+        prefetch: int = DEFAULTS.prefetch,
+        fetch_timeout: float = DEFAULTS.fetch_timeout,
+        retry_delay: float = DEFAULTS.retry_delay,
+        max_retry_delay: float = DEFAULTS.max_retry_delay,
+        reconnect_wait: float = DEFAULTS.reconnect_wait,
         session_timeout: float = 10.0,
         heartbeat_interval: float = 3.0,
         max_poll_interval: float = 300.0,
         request_timeout: float = 40.0,
         settings: Mapping[str, Any] | None = None,
     ) -> None:
-        """`settings` go to `AIOKafkaConsumer` as they are (security_protocol,
-        sasl_mechanism, ssl_context...); they cannot override the group, commit and
-        offset-reset settings this consumer depends on."""
+        """`url` is the bootstrap servers, `host:port[,host:port]` or
+        `kafka://host:port[,...]`. `settings` go to `AIOKafkaConsumer` as they are
+        (security_protocol, sasl_mechanism, ssl_context...); they cannot override the
+        group, commit and offset-reset settings this consumer depends on."""
         super().__init__(consumer)
-        self.bootstrap_servers = parse_servers(bootstrap_servers)
+        self.bootstrap_servers = parse_servers(url)
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         if not self.topics or not all(isinstance(t, str) and t for t in self.topics):
             raise ConfigurationError(f"topics={topics!r}: name at least one topic")
         if not isinstance(group_id, str) or not group_id:
             raise ConfigurationError("KafkaConsumer needs a group_id")
-        if not retry_backoff > 0 or max_retry_backoff < retry_backoff:
-            raise ConfigurationError(
-                "retry_backoff must be > 0 and max_retry_backoff at least retry_backoff"
-            )
-        if max_records < 1:
-            raise ConfigurationError(f"max_records={max_records!r}: must be at least 1")
+        check_positive(prefetch=prefetch, fetch_timeout=fetch_timeout)
         if not 0 < heartbeat_interval < session_timeout:
             raise ConfigurationError("heartbeat_interval must be shorter than session_timeout")
         reserved = {"group_id", "enable_auto_commit", "auto_offset_reset", "bootstrap_servers"}
@@ -184,10 +192,13 @@ class KafkaConsumer(BrokerConsumer):
                 f"settings may not set {', '.join(sorted(reserved & settings.keys()))}"
             )
         self.group_id = group_id
-        self.retry_backoff = retry_backoff
-        self.max_retry_backoff = max_retry_backoff
-        self._delays = RetryPolicy(base_delay=retry_backoff, max_delay=max_retry_backoff)
-        self.max_records = max_records
+        self.prefetch = prefetch
+        self.fetch_timeout = fetch_timeout
+        self.retry_delay = retry_delay
+        self.max_retry_delay = max_retry_delay
+        self._delays = redelivery_policy(retry_delay, max_retry_delay)
+        self.reconnect_wait = reconnect_wait
+        self._reconnects = Backoff.reconnects(reconnect_wait)
         self._settings: dict[str, Any] = {
             "client_id": client_id,
             "session_timeout_ms": int(session_timeout * 1000),
@@ -215,12 +226,15 @@ class KafkaConsumer(BrokerConsumer):
             self.ready()
             while True:
                 try:
-                    batch = await kafka.getmany(timeout_ms=1000, max_records=self.max_records)
+                    batch = await kafka.getmany(
+                        timeout_ms=int(self.fetch_timeout * 1000), max_records=self.prefetch
+                    )
                 except KafkaError as error:  # a fetch or group error; the client recovers
                     logger.error("Kafka fetch failed: %s", error,
                                  extra={"action": "kafka_fetch_failed"})  # fmt: skip
-                    await asyncio.sleep(self.retry_backoff)
+                    await self._reconnects.wait()
                     continue
+                self._reconnects.succeeded()
                 for partition, records in batch.items():
                     if records:
                         self._dispatch(kafka, partition, records)

@@ -12,18 +12,32 @@ own client id (the broker disconnects the older of two connections with one id);
 share a topic's messages between instances, subscribe to a shared subscription,
 `$share/<group>/<topic>`. Messages are received at QoS 1 (`qos=2` for exactly-once
 flows); the broker delivers a message at the lower of its publisher's and the
-subscription's QoS.
+subscription's QoS, and at most `prefetch` unacknowledged at a time (the connection's
+Receive Maximum).
 
 Acknowledgement after the commit: aiomqtt has no manual acknowledgement (paho sends the
 PUBACK as soon as its `on_message` callback returns, i.e. when aiomqtt queues the
 message). paho 2 has one, `manual_ack_set(True)` and `ack(mid, qos)`, and this module
-switches it on in the `paho.mqtt.client.Client` that aiomqtt wraps (its `_client`). A
-QoS 1 message is then PUBACKed only after `Consumer.process` returned. For QoS 2, paho
-sends the PUBREC on arrival even with manual acks, and after a PUBREC the broker never
-sends that PUBLISH again, so a crash before the commit would lose it; here paho hands a
-QoS 2 PUBLISH over like a QoS 1 one (no PUBREC), the PUBREC is sent after the commit, and
-the broker's PUBREL is answered with a PUBCOMP at once. Acknowledgements go out in the
-order the messages came, as MQTT requires, because messages are processed one by one.
+switches it on in the paho client that aiomqtt drives. A QoS 1 message is then PUBACKed
+only after `Consumer.process` returned.
+For QoS 2, paho sends the PUBREC on arrival even with manual acks, and after a PUBREC
+the broker never sends that PUBLISH again, so a crash before the commit would lose it;
+here paho is handed a QoS 2 PUBLISH as a QoS 1 one (no PUBREC), the PUBREC is sent after
+the commit, and the broker's PUBREL is answered with a PUBCOMP (paho's `ack(mid, 2)`) at
+once. Acknowledgements go out in the order the messages came, as MQTT requires, because
+messages are processed one by one.
+
+Client internals, used where neither library has a public API for what this needs:
+aiomqtt's `Client._client`, the paho client itself, which aiomqtt offers no other way
+to (`relaybox.publishers.mqtt.MqttLink` takes it, and follows the connection through
+paho's public callbacks); and, for QoS 2 only, paho's `Client._packet_handle`, wrapped on
+this consumer's own clients to see each incoming packet first (`Client._in_packet` is
+rewritten there: a QoS 2 PUBLISH's QoS bits read 1, so paho delivers it without
+answering), and `Client._send_pubrec(mid)`, which sends the PUBREC after the commit
+(paho's public `ack` sends only a PUBACK or a PUBCOMP). The `mqtt` extra pins the
+releases this was checked against, and
+`tests/brokers/test_mqtt.py::test_the_aiomqtt_and_paho_internals_relaybox_uses` fails
+when these internals change.
 
 Verdicts (MQTT has no negative acknowledgement):
     ACK     PUBACK (QoS 1) or PUBREC (QoS 2), after the commit.
@@ -48,25 +62,30 @@ for a session is bounded by its configuration (Mosquitto: `max_queued_messages`,
 by default, beyond which it drops QoS 1 and 2 messages for that session, and
 `persistence` to keep sessions over a restart): size it for the longest outage.
 
-Reconnects: after a lost connection the consumer connects again every `reconnect_wait`
-seconds, resumes the session and subscribes again; messages received on the lost
-connection and not yet processed are dropped here, the broker resends them. Only the
-first connection must succeed: `start()` fails if the broker cannot be reached.
+Reconnects: after a lost connection the consumer connects again after `reconnect_wait`
+seconds (doubled per further failed attempt), resumes the session and subscribes again;
+messages received on the lost connection and not yet processed are dropped here, the
+broker resends them. Only the first connection must succeed: `start()` fails if the
+broker cannot be reached.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from relaybox.consumers.base import BrokerConsumer, Verdict
+from relaybox.consumers.base import (
+    DEFAULTS,
+    Backoff,
+    BrokerConsumer,
+    Verdict,
+    check_positive,
+    redelivery_policy,
+)
 from relaybox.core.incoming import Incoming
-from relaybox.core.retry import RetryPolicy
 from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError
 from relaybox.inbox.consumer import Consumer
 from relaybox.publishers.options import BrokerUrl
@@ -90,6 +109,8 @@ ATTRIBUTE_NAMES = frozenset({
 _ALSO_HEADERS = frozenset({"traceparent"})
 #: The largest Session Expiry Interval; it means "never expires".
 MAX_SESSION_EXPIRY = 0xFFFFFFFF
+#: The largest Receive Maximum a client can ask for.
+MAX_RECEIVE_MAXIMUM = 0xFFFF
 
 
 def decode(message: aiomqtt.Message) -> Incoming:
@@ -126,10 +147,11 @@ class MqttConsumer(BrokerConsumer):
         qos: int = 1,
         session_expiry: int = 7 * 24 * 3600,
         keepalive: int = 60,
-        timeout: float = 10.0,
-        retry_delay: float = 1.0,
-        max_retry_delay: float = 30.0,
-        reconnect_wait: float = 1.0,
+        prefetch: int = DEFAULTS.prefetch,
+        timeout: float = DEFAULTS.timeout,
+        retry_delay: float = DEFAULTS.retry_delay,
+        max_retry_delay: float = DEFAULTS.max_retry_delay,
+        reconnect_wait: float = DEFAULTS.reconnect_wait,
     ) -> None:
         """
         url              the broker, `mqtt://[user:password@]host[:port]` (1883) or
@@ -139,11 +161,14 @@ class MqttConsumer(BrokerConsumer):
         qos              1 or 2, the subscriptions' maximum QoS.
         session_expiry   seconds the broker keeps the session after a disconnect.
         keepalive        seconds between PINGREQs when idle.
+        prefetch         messages the broker sends unacknowledged at a time (the
+                         Receive Maximum of the connection; 1 to 65535).
         timeout          seconds to connect and subscribe.
         retry_delay      seconds before a RETRY runs the handler again, doubled per
                          failure of that message...
         max_retry_delay  ... up to this.
-        reconnect_wait   seconds between reconnect attempts after a lost connection.
+        reconnect_wait   seconds before reconnecting after a lost connection, doubled
+                         per further failed attempt.
         """
         super().__init__(consumer)
         parsed = BrokerUrl(url)
@@ -162,8 +187,9 @@ class MqttConsumer(BrokerConsumer):
                 f"session_expiry={session_expiry!r}: 1 to {MAX_SESSION_EXPIRY} seconds "
                 "(0 would end the session, and its unacknowledged messages, on disconnect)"
             )
-        if min(timeout, reconnect_wait, keepalive) <= 0 or min(retry_delay, max_retry_delay) < 0:
-            raise ConfigurationError("MqttConsumer delays must not be negative, timeouts positive")
+        if not 0 < prefetch <= MAX_RECEIVE_MAXIMUM:
+            raise ConfigurationError(f"prefetch={prefetch!r}: 1 to {MAX_RECEIVE_MAXIMUM}")
+        check_positive(keepalive=keepalive, timeout=timeout)
         self.host = parsed.host
         self.port = parsed.port(8883 if parsed.scheme == "mqtts" else 1883)
         self.tls = parsed.scheme == "mqtts"
@@ -174,11 +200,13 @@ class MqttConsumer(BrokerConsumer):
         self.qos = qos
         self.session_expiry = session_expiry
         self.keepalive = keepalive
+        self.prefetch = prefetch
         self.timeout = timeout
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
-        self._delays = RetryPolicy(base_delay=retry_delay, max_delay=max_retry_delay)
+        self._delays = redelivery_policy(retry_delay, max_retry_delay)
         self.reconnect_wait = reconnect_wait
+        self._reconnects = Backoff.reconnects(reconnect_wait)
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -192,6 +220,7 @@ class MqttConsumer(BrokerConsumer):
                 await session.open()
                 connected = True
                 await self._subscribe(session.client)
+                self._reconnects.succeeded()
                 self.ready()
                 await self._consume(session)
             except aiomqtt.MqttError as error:
@@ -206,7 +235,7 @@ class MqttConsumer(BrokerConsumer):
                 )  # fmt: skip
             finally:
                 await session.close(self.timeout)
-            await asyncio.sleep(self.reconnect_wait)
+            await self._reconnects.wait()
 
     async def _consume(self, session: _Session) -> None:
         import aiomqtt
@@ -223,10 +252,9 @@ class MqttConsumer(BrokerConsumer):
         """Handle until ACK or REJECT; RETRY runs it again here, after a backoff."""
         import aiomqtt
 
-        failures = 0
+        retries = Backoff(self._delays)
         while (verdict := await self.handle(functools.partial(decode, message))) is Verdict.RETRY:
-            failures += 1
-            await asyncio.sleep(self._delays.nominal_delay(failures))
+            await retries.wait()
             if not session.alive:
                 raise aiomqtt.MqttError("disconnected while retrying a message")
         return verdict
@@ -250,6 +278,7 @@ class MqttConsumer(BrokerConsumer):
 
         properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         properties.SessionExpiryInterval = self.session_expiry
+        properties.ReceiveMaximum = self.prefetch
         client = aiomqtt.Client(
             self.host,
             self.port,
@@ -289,44 +318,31 @@ class MqttConsumer(BrokerConsumer):
 
 
 class _Session:
-    """One aiomqtt connection whose deliveries are acknowledged by `acknowledge` only.
-
-    It reaches into the paho client aiomqtt wraps: `manual_ack_set(True)` (public paho
-    2 API), and, for QoS 2, paho's packet handlers, which have no public hook.
-    """
+    """One aiomqtt connection whose deliveries are acknowledged by `acknowledge` only."""
 
     def __init__(self, client: aiomqtt.Client) -> None:
+        from paho.mqtt.packettypes import PacketTypes
+
+        from relaybox.publishers.mqtt import MqttLink
+
         self.client = client
-        self._paho: paho.Client = client._client
+        self._link = MqttLink(client, on_packet=self._deferring_qos2)
+        self._paho = self._link.paho
         self._paho.manual_ack_set(True)
+        self._publish_type, self._pubrel_type = PacketTypes.PUBLISH, PacketTypes.PUBREL
         self._qos2_arriving = False
-        self._paho._handle_publish = self._deferring_pubrec(self._paho._handle_publish)  # type: ignore[method-assign]
-        self._paho._handle_pubrel = self._completing(self._paho._handle_pubrel)  # type: ignore[method-assign]
         self._paho.on_message = self._marking_qos2(self._paho.on_message)
 
     @property
     def alive(self) -> bool:
-        return not self.client._disconnected.done()
+        return self._link.alive
 
     async def open(self) -> None:
-        try:
-            await self.client.__aenter__()
-        except BaseException:
-            self._paho.disconnect()  # aiomqtt leaves the socket open without a CONNACK
-            raise
+        await self._link.open()
 
     async def close(self, timeout: float) -> None:
         """Disconnect (the session stays on the broker, for `session_expiry`)."""
-        import aiomqtt
-
-        disconnected = self.client._disconnected
-        if disconnected.done() and not disconnected.cancelled():
-            disconnected.exception()  # seen: asyncio would log it as never retrieved
-        if not self.client._lock.locked():
-            return  # never connected
-        with contextlib.suppress(aiomqtt.MqttError, TimeoutError, OSError):
-            async with asyncio.timeout(timeout):
-                await self.client.__aexit__(None, None, None)
+        await self._link.close(timeout)
 
     def acknowledge(self, message: aiomqtt.Message) -> bool:
         """PUBACK a QoS 1 message, PUBREC a QoS 2 one; False if it could not be sent."""
@@ -342,41 +358,34 @@ class _Session:
             return True  # QoS 0: nothing to acknowledge
         return sent == MQTTErrorCode.MQTT_ERR_SUCCESS
 
-    def _deferring_pubrec(
-        self, handle_publish: Callable[[], MQTTErrorCode]
-    ) -> Callable[[], MQTTErrorCode]:
+    def _deferring_qos2(
+        self, packet: MutableMapping[str, Any], handle: Callable[[], MQTTErrorCode]
+    ) -> MQTTErrorCode:
         """paho answers a QoS 2 PUBLISH with PUBREC on arrival, manual acks or not, and
         delivers it only at PUBREL; as QoS 1 with manual acks it delivers at once and
-        sends nothing. So a QoS 2 PUBLISH goes through paho's QoS 1 path, marked."""
-
-        def deferring() -> MQTTErrorCode:
-            packet = self._paho._in_packet
-            if (packet["command"] & 0x06) != 0x04:  # the QoS bits: not QoS 2
-                return handle_publish()
-            packet["command"] = (packet["command"] & ~0x06) | 0x02
-            self._qos2_arriving = True
-            try:
-                return handle_publish()
-            finally:
-                self._qos2_arriving = False
-
-        return deferring
-
-    def _completing(
-        self, handle_pubrel: Callable[[], MQTTErrorCode]
-    ) -> Callable[[], MQTTErrorCode]:
-        """With manual acks paho answers no PUBREL for a message it did not keep (ours):
-        complete the flow, the message is committed and acknowledged by then."""
+        sends nothing. So a QoS 2 PUBLISH goes through paho's QoS 1 path, marked. With
+        manual acks paho answers no PUBREL for a message it did not keep (ours): the
+        flow is completed here, the message is committed and acknowledged by then."""
         from paho.mqtt.enums import MQTTErrorCode
 
-        def completing() -> MQTTErrorCode:
-            handled = handle_pubrel()
+        from relaybox.publishers.mqtt import packet_mid
+
+        command: int = packet["command"]
+        packet_type = command >> 4
+        if packet_type == self._publish_type and command & 0x06 == 0x04:  # QoS bits: 2
+            packet["command"] = (command & ~0x06) | 0x02
+            self._qos2_arriving = True
+            try:
+                return handle()
+            finally:
+                self._qos2_arriving = False
+        if packet_type == self._pubrel_type:
+            mid = packet_mid(packet)
+            handled = handle()
             if handled != MQTTErrorCode.MQTT_ERR_SUCCESS:
                 return handled
-            mid = int.from_bytes(self._paho._in_packet["packet"][:2], "big")
-            return self._paho._send_pubcomp(mid)
-
-        return completing
+            return self._paho.ack(mid, 2)  # the PUBCOMP
+        return handle()
 
     def _marking_qos2(self, deliver: Any) -> Callable[[paho.Client, Any, paho.MQTTMessage], None]:
         def marking(client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:

@@ -8,7 +8,7 @@
 The stream must exist (relaybox creates no streams). The durable consumer is created on
 first use with explicit acks, `ack_wait` and `max_deliver`; an existing one is bound as it
 is, so change its settings with the nats CLI. Several `NatsConsumer`s on one durable
-share its messages (competing consumers); each fetches up to `batch` at a time and
+share its messages (competing consumers); each fetches up to `prefetch` at a time and
 processes them one by one, in stream order.
 
 Verdicts, settled only after `Consumer.process` returned (after the commit):
@@ -28,9 +28,10 @@ or another instance of the durable; `Incoming.delivery_count` is JetStream's
 `num_delivered`. With `max_deliver` set, the server stops redelivering after that many
 deliveries (unlimited by default).
 
-The client reconnects for as long as the consumer runs; a closed connection or a
-JetStream API error (the durable deleted, the server restarted without it) makes the
-consumer connect and bind again after `reconnect_wait`.
+The client reconnects for as long as the consumer runs, every `reconnect_wait` seconds
+(nats-py's own loop); a closed connection or a JetStream API error (the durable deleted,
+the server restarted without it) makes the consumer connect and bind again after
+`reconnect_wait`, doubled per further failed attempt.
 """
 
 from __future__ import annotations
@@ -42,10 +43,17 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from relaybox.consumers.base import BrokerConsumer, Verdict, close_within
+from relaybox.consumers.base import (
+    DEFAULTS,
+    Backoff,
+    BrokerConsumer,
+    Verdict,
+    check_positive,
+    close_within,
+    redelivery_policy,
+)
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
-from relaybox.core.retry import RetryPolicy
 from relaybox.core.urls import mask_password
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
 from relaybox.inbox.consumer import Consumer
@@ -100,16 +108,16 @@ class NatsConsumer(BrokerConsumer):
         stream: str,
         subject: str | None = None,
         durable: str = "relaybox",
-        batch: int = 10,
-        fetch_timeout: float = 1.0,
+        prefetch: int = DEFAULTS.prefetch,
+        fetch_timeout: float = DEFAULTS.fetch_timeout,
         ack_wait: float = 30.0,
         ack_timeout: float = 5.0,
         max_deliver: int = -1,
-        retry_delay: float = 1.0,
-        max_retry_delay: float = 60.0,
+        retry_delay: float = DEFAULTS.retry_delay,
+        max_retry_delay: float = DEFAULTS.max_retry_delay,
         deliver: DeliverFrom = "all",
-        connect_timeout: float = 5.0,
-        reconnect_wait: float = 0.5,
+        timeout: float = DEFAULTS.timeout,
+        reconnect_wait: float = DEFAULTS.reconnect_wait,
         name: str = "relaybox-consumer",
     ) -> None:
         """
@@ -117,7 +125,7 @@ class NatsConsumer(BrokerConsumer):
         stream           the JetStream stream to consume (it must exist).
         subject          a filter within the stream (default: all its subjects).
         durable          the durable consumer's name, shared by competing instances.
-        batch            messages fetched per pull request.
+        prefetch         messages fetched per pull request.
         fetch_timeout    seconds a pull request waits for messages (a long poll).
         ack_wait         seconds before the server redelivers an unsettled message
                          (applies when this creates the durable).
@@ -128,34 +136,35 @@ class NatsConsumer(BrokerConsumer):
         max_retry_delay  ... up to this.
         deliver          "all": a new durable starts at the stream's first message;
                          "new": at the next one published.
-        connect_timeout  seconds `start()` keeps trying to connect.
-        reconnect_wait   seconds between reconnect attempts.
+        timeout          seconds `start()` keeps trying to connect, and each JetStream
+                         API request's timeout (binding the durable).
+        reconnect_wait   seconds between the client's reconnect attempts, and before
+                         binding again (doubled per further failed attempt).
         name             the connection's name in the server's monitoring.
         """
         super().__init__(consumer)
         if not stream or not durable:
             raise ConfigurationError("NatsConsumer needs a stream and a durable name")
-        if batch < 1:
-            raise ConfigurationError(f"batch={batch!r}: fetch at least one message")
-        if min(fetch_timeout, ack_wait, ack_timeout, connect_timeout) <= 0:
-            raise ConfigurationError("NatsConsumer timeouts and ack_wait must be positive")
+        check_positive(prefetch=prefetch, fetch_timeout=fetch_timeout, ack_wait=ack_wait,
+                       ack_timeout=ack_timeout, timeout=timeout)  # fmt: skip
         if deliver not in ("all", "new"):
             raise ConfigurationError(f"deliver={deliver!r}: use 'all' or 'new'")
         self.url = url
         self.stream = stream
         self.subject = subject
         self.durable = durable
-        self.batch = batch
+        self.prefetch = prefetch
         self.fetch_timeout = fetch_timeout
         self.ack_wait = ack_wait
         self.ack_timeout = ack_timeout
         self.max_deliver = max_deliver
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
-        self._delays = RetryPolicy(base_delay=retry_delay, max_delay=max_retry_delay)
+        self._delays = redelivery_policy(retry_delay, max_retry_delay)
         self.deliver: DeliverFrom = deliver
-        self.connect_timeout = connect_timeout
+        self.timeout = timeout
         self.reconnect_wait = reconnect_wait
+        self._reconnects = Backoff.reconnects(reconnect_wait)
         self.name = name
         self._masked = mask_password(url)
 
@@ -179,14 +188,14 @@ class NatsConsumer(BrokerConsumer):
                     await subscription.unsubscribe()
                 client, subscription = await self._recover(client)
         finally:
-            await close_within(client.close(), self.connect_timeout)
+            await close_within(client.close(), self.timeout)
 
     async def _consume(self, subscription: JetStreamContext.PullSubscription) -> None:
         import nats.errors
 
         while True:
             try:
-                messages = await subscription.fetch(self.batch, timeout=self.fetch_timeout)
+                messages = await subscription.fetch(self.prefetch, timeout=self.fetch_timeout)
             except nats.errors.TimeoutError:
                 continue  # nothing to do, or disconnected and reconnecting
             for message in messages:
@@ -223,7 +232,7 @@ class NatsConsumer(BrokerConsumer):
             logger.debug("nats client error: %s", error, extra={"action": "nats_error"})
 
         try:
-            async with asyncio.timeout(self.connect_timeout):
+            async with asyncio.timeout(self.timeout):
                 # nats-py annotates these waits as int but sleeps and times out on floats.
                 await client.connect(
                     servers=[self.url],
@@ -232,7 +241,7 @@ class NatsConsumer(BrokerConsumer):
                     allow_reconnect=True,
                     max_reconnect_attempts=-1,  # for as long as the consumer runs
                     reconnect_time_wait=self.reconnect_wait,  # type: ignore[arg-type]
-                    connect_timeout=min(self.connect_timeout, 2.0),  # type: ignore[arg-type]
+                    connect_timeout=min(self.timeout, 2.0),  # type: ignore[arg-type]
                 )
         except Exception as error:
             await client.close()
@@ -245,7 +254,7 @@ class NatsConsumer(BrokerConsumer):
         """Create the durable unless it exists, then subscribe to its deliveries."""
         from nats.js.errors import NotFoundError
 
-        js = client.jetstream(timeout=self.connect_timeout)
+        js = client.jetstream(timeout=self.timeout)
         try:
             await js.consumer_info(self.stream, self.durable)
         except NotFoundError:
@@ -261,16 +270,19 @@ class NatsConsumer(BrokerConsumer):
         """Connect again if the client gave up, and bind again, once the server answers.
         Deliveries fetched but not settled come back after `ack_wait`."""
         while True:
-            await asyncio.sleep(self.reconnect_wait)
+            await self._reconnects.wait()
             try:
                 if client.is_closed:
                     client = await self._connect()
-                return client, await self._bind(client)
+                subscription = await self._bind(client)
             except ConfigurationError:
                 raise  # the stream is gone: no retry brings it back
             except Exception as error:  # noqa: BLE001 - not reachable yet: try again
                 logger.debug("binding %s again failed: %r", self.durable, error,
                              extra={"action": "consumer_reconnect"})  # fmt: skip
+            else:
+                self._reconnects.succeeded()
+                return client, subscription
 
     def _config(self) -> Any:
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy

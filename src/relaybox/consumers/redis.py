@@ -8,9 +8,9 @@
 The group is created on first use (`XGROUP CREATE ... MKSTREAM`), reading from the
 stream's first entry (`start="0"`) or only from entries added afterwards (`start="$"`);
 an existing group is used as it is. Several `RedisConsumer`s with one group and
-different `name`s share its entries (competing consumers). Each reads up to `count`
-new entries at a time (`XREADGROUP ... BLOCK`) and processes them one by one, in
-stream order.
+different `name`s share its entries (competing consumers). Each reads up to `prefetch`
+new entries at a time (`XREADGROUP ... COUNT ... BLOCK`, waiting `fetch_timeout` for
+them) and processes them one by one, in stream order.
 
 Verdicts, settled only after `Consumer.process` returned (after the commit):
     ACK     XACK: the entry leaves the group's pending entries list.
@@ -26,18 +26,18 @@ Verdicts, settled only after `Consumer.process` returned (after the commit):
 Redelivery: every `claim_idle / 2` seconds the consumer claims the group's entries
 that have been pending longer than `claim_idle`: its own retries, and the entries of a
 consumer that died between commit and XACK (or a lost XACK). So `claim_idle` must be
-longer than processing a whole read of `count` entries takes, or a live consumer's entry
-is claimed while it still waits its turn (the inbox then applies it once, but both
-consumers process it). XAUTOCLAIM needs Redis 6.2 or later.
+longer than processing a whole read of `prefetch` entries takes, or a live consumer's
+entry is claimed while it still waits its turn (the inbox then applies it once, but
+both consumers process it). XAUTOCLAIM needs Redis 6.2 or later.
 `Incoming.delivery_count` is 1 for a new entry and the pending list's delivery counter
 for a claimed one.
 
 Entry fields are the inverse of `relaybox.publishers.redis.fields`: `data` the payload,
 `datacontenttype`, each CloudEvents attribute under its own name, `h_<name>` each header.
 
-A lost connection makes the consumer wait `reconnect_wait` and go on (redis-py
-reconnects on the next command); a group that disappeared (`NOGROUP`: the key was
-deleted, or the server lost its data) is created again.
+A lost connection makes the consumer wait `reconnect_wait` (doubled per further failed
+attempt) and go on (redis-py reconnects on the next command); a group that disappeared
+(`NOGROUP`: the key was deleted, or the server lost its data) is created again.
 """
 
 from __future__ import annotations
@@ -49,7 +49,14 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from relaybox.consumers.base import BrokerConsumer, Verdict, close_within
+from relaybox.consumers.base import (
+    DEFAULTS,
+    Backoff,
+    BrokerConsumer,
+    Verdict,
+    check_positive,
+    close_within,
+)
 from relaybox.core import envelope
 from relaybox.core.ids import instance_name
 from relaybox.core.incoming import Incoming
@@ -109,12 +116,12 @@ class RedisConsumer(BrokerConsumer):
         group: str = "relaybox",
         name: str | None = None,
         start: str = "0",
-        count: int = 10,
-        block: float = 1.0,
+        prefetch: int = DEFAULTS.prefetch,
+        fetch_timeout: float = DEFAULTS.fetch_timeout,
         claim_idle: float = 30.0,
         dead_letter: str | None = None,
-        timeout: float = 5.0,
-        reconnect_wait: float = 0.5,
+        timeout: float = DEFAULTS.timeout,
+        reconnect_wait: float = DEFAULTS.reconnect_wait,
     ) -> None:
         """
         url             `redis://[:password@]host:port/db` or `rediss://`.
@@ -125,34 +132,34 @@ class RedisConsumer(BrokerConsumer):
                         entries in XINFO; any consumer claims them after `claim_idle`.
         start           where a new group starts: "0" the first entry, "$" the next
                         one added (or any entry id).
-        count           entries read per XREADGROUP.
-        block           seconds an XREADGROUP waits for new entries.
+        prefetch        entries read per XREADGROUP (and claimed per XAUTOCLAIM).
+        fetch_timeout   seconds an XREADGROUP waits for new entries (its BLOCK).
         claim_idle      seconds an entry stays pending (a retry, a dead consumer's)
                         before it is claimed and processed again.
         dead_letter     a stream that receives a copy of each rejected entry.
         timeout         seconds for connecting and for each command.
-        reconnect_wait  seconds to wait after a lost connection before trying again.
+        reconnect_wait  seconds to wait after a lost connection before trying again,
+                        doubled per further failed attempt.
         """
         super().__init__(consumer)
         if not stream or not group:
             raise ConfigurationError("RedisConsumer needs a stream and a group")
-        if count < 1:
-            raise ConfigurationError(f"count={count!r}: read at least one entry")
-        if min(block, claim_idle, timeout) <= 0:
-            raise ConfigurationError("RedisConsumer block, claim_idle and timeout must be > 0")
+        check_positive(prefetch=prefetch, fetch_timeout=fetch_timeout, claim_idle=claim_idle,
+                       timeout=timeout)  # fmt: skip
         self.url = url
         self.stream = stream
         self.group = group
         self.name = name or instance_name()
         self.start_id = start
-        self.count = count
+        self.prefetch = prefetch
         self.claim_idle = claim_idle
         #: Claims run this often; a read never blocks past the next one.
         self.claim_every = claim_idle / 2
-        self.block = min(block, self.claim_every)
+        self.fetch_timeout = min(fetch_timeout, self.claim_every)
         self.dead_letter = dead_letter
         self.timeout = timeout
         self.reconnect_wait = reconnect_wait
+        self._reconnects = Backoff.reconnects(reconnect_wait)
         self._masked = mask_password(url)
 
     # -- the loop ---------------------------------------------------------------------
@@ -177,7 +184,7 @@ class RedisConsumer(BrokerConsumer):
                         extra={"action": "consumer_reconnect", "broker": "redis"},
                     )  # fmt: skip
                     lost_group = lost_group or "NOGROUP" in str(error)
-                    await asyncio.sleep(self.reconnect_wait)
+                    await self._reconnects.wait()
                 else:
                     lost_group = False
         finally:
@@ -191,8 +198,9 @@ class RedisConsumer(BrokerConsumer):
                 next_claim = time.monotonic() + self.claim_every
             reply: Any = await client.xreadgroup(
                 self.group, self.name, {self.stream: ">"},
-                count=self.count, block=max(1, int(self.block * 1000)),
+                count=self.prefetch, block=max(1, int(self.fetch_timeout * 1000)),
             )  # fmt: skip
+            self._reconnects.succeeded()
             # RESP2 answers [[stream, entries]], RESP3 {stream: entries}; one stream here.
             for entries in (
                 reply.values() if isinstance(reply, dict) else [e for _, e in reply or []]
@@ -206,7 +214,7 @@ class RedisConsumer(BrokerConsumer):
         while True:
             reply: Any = await client.xautoclaim(
                 self.stream, self.group, self.name, int(self.claim_idle * 1000),
-                start_id=cursor, count=self.count,
+                start_id=cursor, count=self.prefetch,
             )  # fmt: skip
             cursor, entries = reply[0], reply[1]
             for entry_id, fields in entries:
@@ -284,7 +292,7 @@ class RedisConsumer(BrokerConsumer):
         return aioredis.Redis.from_url(
             self.url,
             socket_connect_timeout=self.timeout,
-            socket_timeout=self.timeout + self.block,  # a blocked read is no timeout
+            socket_timeout=self.timeout + self.fetch_timeout,  # a blocked read is no timeout
             health_check_interval=1,  # a connection the server dropped is noticed
         )
 

@@ -27,6 +27,30 @@ over 65535 bytes, or a packet over the broker's Maximum Packet Size (which a bro
 answers by disconnecting, failing everything in flight with it).
 A lost connection, a refused reconnect or a timeout is transient; the next publish()
 reconnects (aiomqtt clients do not reconnect by themselves).
+
+Client internals: aiomqtt keeps the paho client it drives private (`Client._client`),
+and what relaybox needs beyond a plain publish or subscribe is only on that paho
+client: the reason code of each PUBACK and PUBCOMP and the broker's CONNACK limits
+(paho's callbacks carry them, aiomqtt's `publish` drops them, so a refusal would look
+like a confirm), when the connection ended, and, for the consumer, manual
+acknowledgements. `MqttLink` takes the paho client from there, once, and uses paho's
+public API on it, except where paho has none:
+
+    `Client._packet_handle` (wrapped on relaybox's own clients, never on paho's class)
+    and `Client._in_packet`: each incoming packet is seen before paho decodes it. paho
+    ignores a PUBREC's reason code (it completes the QoS 2 flow as if the broker had
+    accepted the message), and it cannot decode reason code 0x95 (packet too large),
+    which mosquitto sends in a PUBACK or PUBREC for a payload over its
+    `message_size_limit` although MQTT 5 allows 0x95 only in CONNACK and DISCONNECT:
+    paho takes the packet for malformed and drops the connection, failing every
+    message in flight with it. The hook notes every refusal's code, and where paho
+    could not decode the code it hands paho a failure code it can, so that one refused
+    message fails alone. The consumer uses the same hook, and `Client._send_pubrec`
+    (`relaybox.consumers.mqtt` says why).
+
+The `mqtt` extra pins aiomqtt and paho-mqtt to the releases these were checked against,
+and `tests/brokers/test_mqtt.py::test_the_aiomqtt_and_paho_internals_relaybox_uses`
+fails when any of them changes.
 """
 
 from __future__ import annotations
@@ -35,7 +59,7 @@ import asyncio
 import contextlib
 import ssl
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import aiomqtt
@@ -64,20 +88,14 @@ TRANSIENT_REASONS = frozenset({0x80, 0x89, 0x91, 0x97})
 _SPEC_RECEIVE_MAXIMUM = 65535
 #: The protocol's own limit (a 4-byte remaining length), when CONNACK names none.
 _SPEC_MAXIMUM_PACKET_SIZE = 268435460
+#: The acknowledgements of a publish, by packet type, and for each a failure code
+#: paho can decode in it: what paho is handed instead of a code it cannot decode.
+_ACK_STAND_INS = {PacketTypes.PUBACK: 0x80, PacketTypes.PUBREC: 0x80, PacketTypes.PUBCOMP: 0x92}
 
-
-def _accept_packet_too_large_in_acks() -> None:
-    """mosquitto answers a payload over its `message_size_limit` with PUBACK/PUBREC 0x95,
-    a code MQTT 5 allows only in CONNACK and DISCONNECT. paho checks codes against the
-    spec's table, cannot decode that PUBACK, and drops the connection, failing every
-    message in flight with it; so its table learns the code (idempotent, only widens)."""
-    allowed: list[int] = ReasonCode.names[0x95]["Packet too large"]
-    for packet_type in (PacketTypes.PUBACK, PacketTypes.PUBREC, PacketTypes.PUBCOMP):
-        if packet_type not in allowed:
-            allowed.append(packet_type)
-
-
-_accept_packet_too_large_in_acks()
+#: paho's incoming packet (`Client._in_packet`: "command", the fixed header's first
+#: byte, and "packet", the rest after the remaining length), and paho's own handling of
+#: it, which a hook calls (or not) and whose result it returns.
+PacketHook = Callable[[MutableMapping[str, Any], Callable[[], MQTTErrorCode]], MQTTErrorCode]
 
 
 def from_url(url: BrokerUrl) -> MqttPublisher:
@@ -99,74 +117,189 @@ def from_url(url: BrokerUrl) -> MqttPublisher:
     )
 
 
-class _Connection(aiomqtt.Client):
-    """One MQTT 5 connection whose publishes report the broker's reason code.
+def packet_mid(packet: MutableMapping[str, Any]) -> int:
+    """The packet identifier of a PUBLISH (QoS > 0) acknowledgement or PUBREL."""
+    body: bytearray = packet["packet"]
+    return int.from_bytes(body[:2], "big")
 
-    aiomqtt's own `publish` waits for the PUBACK but drops its reason code, so a
-    refusal would look like a confirm; here each confirm resolves a future by packet id.
+
+def decodable(packet_type: int, code: int) -> bool:
+    """Whether paho can decode reason code `code` in a packet of `packet_type`."""
+    try:
+        ReasonCode(packet_type, identifier=code)
+    except (KeyError, ValueError):
+        return False
+    return True
+
+
+class MqttLink:
+    """One aiomqtt client, and the paho client under it, used through paho's public API.
+
+    `alive` follows paho's connect and disconnect callbacks: True from the CONNACK that
+    accepted the connection until paho reports it ended, for whatever reason. Not
+    paho's `is_connected()`: after a DISCONNECT packet from the broker paho closes the
+    socket but leaves its state connected.
+    `on_packet` sees each incoming packet first (see the module docstring).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # paho's own in-flight window would queue silently; the publisher bounds it.
-        super().__init__(
-            *args, protocol=aiomqtt.ProtocolVersion.V5, max_inflight_messages=0, **kwargs
-        )
-        self._acks: dict[int, asyncio.Future[ReasonCode]] = {}
+    def __init__(self, client: aiomqtt.Client, on_packet: PacketHook | None = None) -> None:
+        self.client = client
+        #: aiomqtt has no public way to this (the module docstring says why it is needed).
+        self.paho: paho.Client = client._client
+        self.alive = False
         self.receive_maximum = _SPEC_RECEIVE_MAXIMUM
         self.maximum_packet_size = _SPEC_MAXIMUM_PACKET_SIZE
-        self._client.connect_timeout = self.timeout
-        #: QoS 2 packet ids whose PUBREC refused the message, with the reason code.
-        self._refused: dict[int, int] = {}
-        self._client._handle_pubrec = self._noting_refusals(self._client._handle_pubrec)  # type: ignore[method-assign]
+        #: Called (without arguments) when paho reports the connection ended.
+        self.on_lost: Callable[[], None] | None = None
+        self._opened = False
+        self.paho.on_connect = self._connecting(self.paho.on_connect)
+        self.paho.on_disconnect = self._disconnecting(self.paho.on_disconnect)
+        if on_packet is not None:
+            self._watch(on_packet)
 
-    def _noting_refusals(
-        self, handle_pubrec: Callable[[], MQTTErrorCode]
-    ) -> Callable[[], MQTTErrorCode]:
-        """paho ignores a PUBREC's reason code and completes the flow (PUBREL, PUBCOMP
-        0x00) even when the broker refused the message; note the refusal first."""
+    def _watch(self, on_packet: PacketHook) -> None:
+        handle = self.paho._packet_handle
+        incoming = self.paho
 
-        def noting() -> MQTTErrorCode:
-            packet = self._client._in_packet["packet"]
-            if len(packet) > 2 and packet[2] >= 0x80:
-                self._refused[int.from_bytes(packet[:2], "big")] = packet[2]
-            return handle_pubrec()
+        def watching() -> MQTTErrorCode:
+            packet: MutableMapping[str, Any] = incoming._in_packet  # type: ignore[assignment]
+            return on_packet(packet, handle)
 
-        return noting
+        self.paho._packet_handle = watching  # type: ignore[method-assign]
 
     async def open(self) -> None:
         try:
-            await self.__aenter__()
+            await self.client.__aenter__()
         except BaseException:
-            # aiomqtt leaves the socket open when the CONNACK never came.
-            self._client.disconnect()
+            self.paho.disconnect()  # aiomqtt leaves the socket open when no CONNACK came
             raise
+        self._opened = True
 
-    async def close(self) -> None:
-        if self._disconnected.done() and not self._disconnected.cancelled():
-            self._disconnected.exception()  # seen: asyncio would log it as never retrieved
-        await self.__aexit__(None, None, None)
+    async def close(self, timeout: float) -> None:
+        """Disconnect, or after a lost connection let go of it; never raises."""
+        if not self._opened:
+            return
+        self._opened = False
+        with contextlib.suppress(aiomqtt.MqttError, TimeoutError, OSError):
+            async with asyncio.timeout(timeout):
+                if not self.alive:
+                    await self._spent()
+                await self.client.__aexit__(None, None, None)
 
-    @property
-    def alive(self) -> bool:
-        return not self._disconnected.done()
+    async def _spent(self) -> None:
+        """Read a lost connection's messages to the end: aiomqtt's iterator then raises
+        the error that ended the connection, which marks it seen (asyncio would log it
+        as never retrieved once the client is dropped). What was left is dropped
+        unacknowledged: the broker sends it again."""
+        messages = self.client.messages
+        with contextlib.suppress(aiomqtt.MqttError):
+            while True:
+                await anext(messages)
+
+    def _connecting(self, aiomqtt_on_connect: Any) -> Callable[..., None]:
+        def connecting(
+            client: paho.Client,
+            userdata: Any,
+            flags: paho.ConnectFlags,
+            reason_code: ReasonCode,
+            properties: Properties | None = None,
+        ) -> None:
+            receive_maximum = getattr(properties, "ReceiveMaximum", None)
+            if isinstance(receive_maximum, int):
+                self.receive_maximum = receive_maximum
+            packet_size = getattr(properties, "MaximumPacketSize", None)
+            if isinstance(packet_size, int):
+                self.maximum_packet_size = packet_size
+            self.alive = not reason_code.is_failure
+            aiomqtt_on_connect(client, userdata, flags, reason_code, properties)
+
+        return connecting
+
+    def _disconnecting(self, aiomqtt_on_disconnect: Any) -> Callable[..., None]:
+        def disconnecting(
+            client: paho.Client,
+            userdata: Any,
+            flags: paho.DisconnectFlags,
+            reason_code: ReasonCode,
+            properties: Properties | None = None,
+        ) -> None:
+            self.alive = False
+            if self.on_lost is not None:
+                self.on_lost()
+            aiomqtt_on_disconnect(client, userdata, flags, reason_code, properties)
+
+        return disconnecting
+
+
+class _Connection(MqttLink):
+    """One MQTT 5 connection whose publishes report the broker's reason code: each
+    confirm resolves a future by packet id, with the code (None: the connection ended)."""
+
+    def __init__(self, **connect_args: Any) -> None:
+        # paho's own in-flight window would queue silently; the publisher bounds it.
+        client = aiomqtt.Client(
+            protocol=aiomqtt.ProtocolVersion.V5, max_inflight_messages=0, **connect_args
+        )
+        super().__init__(client, on_packet=self._noting_refusals)
+        self.paho.connect_timeout = client.timeout
+        self._acks: dict[int, asyncio.Future[int | None]] = {}
+        #: Packet ids whose PUBACK, PUBREC or PUBCOMP refused the message, with the code.
+        self._refused: dict[int, int] = {}
+        self.on_lost = self._fail_pending
+        # Instead of aiomqtt's callback, which only serves its own `publish`, unused here.
+        self.paho.on_publish = self._confirming
+
+    def _noting_refusals(
+        self, packet: MutableMapping[str, Any], handle: Callable[[], MQTTErrorCode]
+    ) -> MQTTErrorCode:
+        packet_type = packet["command"] >> 4
+        body: bytearray = packet["packet"]
+        stand_in = _ACK_STAND_INS.get(packet_type)
+        if stand_in is not None and len(body) > 2 and body[2] >= 0x80:
+            self._refused[packet_mid(packet)] = body[2]
+            if not decodable(packet_type, body[2]):
+                body[2] = stand_in
+        return handle()
+
+    def _confirming(
+        self,
+        client: paho.Client,
+        userdata: Any,
+        mid: int,
+        reason_code: ReasonCode,
+        properties: Properties,
+    ) -> None:
+        code = self._refused.pop(mid, reason_code.value)
+        ack = self._acks.pop(mid, None)
+        if ack is not None and not ack.done():
+            ack.set_result(code)
+
+    def _fail_pending(self) -> None:
+        self._refused.clear()
+        acks, self._acks = self._acks, {}
+        for ack in acks.values():
+            if not ack.done():
+                ack.set_result(None)
 
     async def publish_confirmed(
         self, topic: str, payload: bytes, qos: int, properties: PublishProperties, timeout: float
-    ) -> ReasonCode:
+    ) -> int:
+        """Publish and return the reason code of the broker's confirm."""
         self._check_size(topic, payload, properties)
-        info = self._client.publish(topic, payload, qos, False, properties)
+        info = self.paho.publish(topic, payload, qos, False, properties)
         if info.rc != paho.MQTT_ERR_SUCCESS:
             raise aiomqtt.MqttCodeError(info.rc, "could not publish")
-        ack: asyncio.Future[ReasonCode] = self._loop.create_future()
+        self._refused.pop(info.mid, None)  # of an earlier message with this packet id
+        ack: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         self._acks[info.mid] = ack
         try:
             async with asyncio.timeout(timeout):
-                await asyncio.wait((ack, self._disconnected), return_when=asyncio.FIRST_COMPLETED)
+                code = await ack
         finally:
             self._acks.pop(info.mid, None)
-        if not ack.done():
+        if code is None:
             raise aiomqtt.MqttError("connection lost before the broker confirmed")
-        return ack.result()
+        return code
 
     def _check_size(self, topic: str, payload: bytes, properties: PublishProperties) -> None:
         """A packet over the broker's Maximum Packet Size would cost the connection
@@ -178,37 +311,6 @@ class _Connection(aiomqtt.Client):
                 f"a packet of {size} bytes exceeds the broker's maximum packet size"
                 f" of {self.maximum_packet_size}"
             )
-
-    def _on_connect(
-        self,
-        client: paho.Client,
-        userdata: Any,
-        flags: paho.ConnectFlags,
-        reason_code: ReasonCode,
-        properties: Properties | None = None,
-    ) -> None:
-        receive_maximum = getattr(properties, "ReceiveMaximum", None)
-        if isinstance(receive_maximum, int):
-            self.receive_maximum = receive_maximum
-        packet_size = getattr(properties, "MaximumPacketSize", None)
-        if isinstance(packet_size, int):
-            self.maximum_packet_size = packet_size
-        super()._on_connect(client, userdata, flags, reason_code, properties)
-
-    def _on_publish(
-        self,
-        client: paho.Client,
-        userdata: Any,
-        mid: int,
-        reason_code: ReasonCode,
-        properties: Properties,
-    ) -> None:
-        refused = self._refused.pop(mid, None)
-        if refused is not None:
-            reason_code = ReasonCode(PacketTypes.PUBREC, identifier=refused)
-        ack = self._acks.pop(mid, None)
-        if ack is not None and not ack.done():
-            ack.set_result(reason_code)
 
 
 _BLANK_PUBLISH_PROPERTIES = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
@@ -316,7 +418,7 @@ class MqttPublisher:
         async with self._window:
             try:
                 properties = self._properties(message)
-                reason = await connection.publish_confirmed(
+                code = await connection.publish_confirmed(
                     topic, message.payload, self._qos, properties, self._timeout
                 )
             except ValueError as error:  # wildcards, overlong topic or header, huge payload
@@ -325,7 +427,7 @@ class MqttPublisher:
                 return transient(_TIMED_OUT)
             except aiomqtt.MqttError as error:
                 return unavailable(f"MQTT connection: {_describe(error)}")
-        return _result(reason)
+        return _result(code)
 
     def _properties(self, message: StoredMessage) -> PublishProperties:
         pairs = envelope.headers(message, "", self._source).items()
@@ -351,23 +453,24 @@ class MqttPublisher:
     async def _disconnect(self) -> None:
         connection, self._connection = self._connection, None
         if connection is not None:
-            with contextlib.suppress(aiomqtt.MqttError, TimeoutError, OSError):
-                async with asyncio.timeout(self._timeout):
-                    await connection.close()
+            await connection.close(self._timeout)
 
 
 _TIMED_OUT = "timed out waiting for the MQTT broker's confirm"
 
 
-def _result(reason: ReasonCode) -> PublishResult:
-    if reason.value < 0x80:  # 0x10 "no matching subscribers" is a confirm too
+def _result(code: int) -> PublishResult:
+    if code < 0x80:  # 0x10 "no matching subscribers" is a confirm too
         return ACKED
-    try:
-        name = str(reason)
-    except (KeyError, ValueError):  # paho names only the codes the spec allows per packet
-        name = "reason code"
-    error = f"MQTT broker refused the message: {name} (0x{reason.value:02X})"
-    return transient(error) if reason.value in TRANSIENT_REASONS else permanent(error)
+    error = f"MQTT broker refused the message: {_reason_name(code)} (0x{code:02X})"
+    return transient(error) if code in TRANSIENT_REASONS else permanent(error)
+
+
+def _reason_name(code: int) -> str:
+    """MQTT 5's name for a reason code, whichever packets the spec allows it in
+    (mosquitto's PUBACK 0x95 is "Packet too large", a CONNACK and DISCONNECT code)."""
+    table: Mapping[int, Mapping[str, list[int]]] = ReasonCode(PacketTypes.PUBACK).names
+    return next(iter(table.get(code) or {"reason code": []}))
 
 
 def _describe(error: BaseException) -> str:
