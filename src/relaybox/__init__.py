@@ -55,8 +55,8 @@ if _TYPE_CHECKING:
     from relaybox.observability.http import StatusServer
     from relaybox.relay import Relay, RelaySettings, RelayThread
 
-#: The relay and the inbox pull in asyncio and more (~60 ms of imports); a service that
-#: only writes messages should not pay for them, so these load on first use.
+#: The relay and the inbox pull in asyncio and more (a noticeable import time); a
+#: service that only writes messages should not pay for it, so these load on first use.
 _LAZY = {
     "Relay": "relaybox.relay",
     "RelaySettings": "relaybox.relay",

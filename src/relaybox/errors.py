@@ -23,7 +23,7 @@
 
 Each class's docstring is its default message. Adapters translate their driver's
 exceptions into the storage branch, so one retry rule works on every database
-(the PEP 249 split that eventsourcing uses).
+(PEP 249's split of operational and integrity errors).
 """
 
 from __future__ import annotations

@@ -46,8 +46,8 @@ def common_values(message: StoredMessage) -> tuple[str, str, str, str, str] | No
     """For a message of the commonest shape (its attributes are COMMON_ATTRIBUTES), the
     values of those that are made here: id, time, sequence, partition and attempts
     (the others are the source, the type and the key as they are); None for any other
-    message. A publisher formats such a message in one template instead of walking
-    `attributes` (a Redis entry 4.6 -> 3.4 us, a NATS header block 4.2 -> 2.8)."""
+    message. A publisher formats such a message in one template, which measured faster
+    than walking `attributes` for a Redis entry and a NATS header block."""
     if (
         message.key is None
         or message.headers
@@ -73,7 +73,7 @@ def attributes(message: StoredMessage, source: str = DEFAULT_SOURCE) -> dict[str
     (each binding carries that in its own content-type field).
 
     Built with one dict display and direct stores, not from a generator: the relay calls
-    this for every message it publishes, and the generator cost 3.0 us against 1.3 us.
+    this for every message it publishes, and a generator measured slower.
     """
     found = {
         "specversion": SPEC_VERSION,

@@ -1,8 +1,8 @@
 """UUIDv7 message ids (RFC 9562).
 
-Python gains `uuid.uuid7` only in 3.14. Ten lines here beat a dependency for 3.11-3.13:
-a 48-bit millisecond clock, a 12-bit counter that keeps ids from one process strictly
-increasing within a millisecond (method 1 of the RFC), and 62 random bits.
+Python gains `uuid.uuid7` only in 3.14. A short function here beats a dependency for
+3.11-3.13: a 48-bit millisecond clock, a 12-bit counter that keeps ids from one process
+strictly increasing within a millisecond (method 1 of the RFC), and 62 random bits.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def uuid7() -> uuid.UUID:
     """A new time-ordered UUID, monotonic within this process.
 
     It runs once per message inside the caller's transaction, where each step costs
-    about three times its timeit figure (docs/benchmarks.md): the clock is read before
+    several times what timeit shows (docs/benchmarks.md): the clock is read before
     the lock, both random words are taken in one step, and the UUID's two slots are set
     through their descriptors (UUID(int=...) re-validates what is valid by construction).
     """

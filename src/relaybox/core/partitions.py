@@ -19,8 +19,6 @@ DEFAULT_PARTITIONS = 64
 #: The stored `partition` column holds this many bits of a stable hash; a relay's
 #: partition of a row is that hash modulo the relay's partition count. So writers need
 #: no partition count, and a key stays in one partition whatever count relays use.
-#: (Rows written under the former rule, `crc32 % 64`, fall in the same partitions for
-#: any count dividing 64: 64 divides 2^31.)
 _HASH_MASK = 0x7FFFFFFF
 
 
@@ -37,7 +35,7 @@ def partition_of(stored: int, partitions: int) -> int:
 
 
 #: Lock slots for writers of one key on databases without transaction-scoped advisory
-#: locks (MySQL/MariaDB): see sql/mysql/migrations/0002_key_locks.sql.
+#: locks (MySQL/MariaDB): see the key lock table in sql/mysql/schema.sql.
 KEY_LOCK_SLOTS = 4096
 
 

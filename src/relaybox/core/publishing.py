@@ -48,7 +48,8 @@ def permanent(error: str) -> PublishResult:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PublisherFeatures:
-    """What a broker promises, as Watermill's test suite declares it per adapter."""
+    """What a publisher's broker promises: the broker conformance tests hold each
+    publisher to what it declares here."""
 
     #: The broker drops a second copy carrying the same message id.
     deduplicates: bool = False

@@ -99,9 +99,9 @@ class StoredMessage(NamedTuple):
 
     A named tuple, not a dataclass: the relay makes one per message on its hottest path,
     and a tuple of the row's columns is made in C (`storage.rows.decode_exact`) where a
-    dataclass's __init__ runs a Python assignment per field (about 1.5 us a message, a
-    fifth of the relay's own work per message to a no-op broker). Fields are in the
-    order of `storage.rows.CLAIM_COLUMNS`.
+    dataclass's __init__ runs a Python assignment per field, a measured share of the
+    relay's own work per message (docs/benchmarks.md). Fields are in the order of
+    `storage.rows.CLAIM_COLUMNS`.
     """
 
     seq: int

@@ -94,8 +94,8 @@ def header_block(message: StoredMessage, source: str) -> bytes:
     """`wire_headers(message, source)` as the NATS header block.
 
     Without headers of its own, a message's header names are all relaybox's (tokens,
-    none colliding), so its lines are formatted straight from its attributes: 4.8 us
-    instead of 7.2 for building the dict and then checking every name in it.
+    none colliding), so its lines are formatted straight from its attributes, which
+    measured faster than building the dict and then checking every name in it.
     """
     values = envelope.common_values(message)
     if values is not None:
@@ -124,7 +124,7 @@ def _common_block(
 ) -> bytes | None:
     """The block of a message of the commonest shape (`envelope.common_values` gave
     `values`) in one template: the bytes of the way below (a test holds it to that),
-    2.8 instead of 4.2 us. None if a value needs cleaning."""
+    measured faster. None if a value needs cleaning."""
     ident, time, seq, partition, attempts = values
     kind, key, content_type = message.type, cast(str, message.key), message.content_type
     block = (

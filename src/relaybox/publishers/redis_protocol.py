@@ -1,11 +1,11 @@
 """The RESP bytes of the Redis publisher's XADD commands, built by hand.
 
-Hand-written because redis-py does this part badly for a relay: its `pack_command`
-encodes every argument on its own (an encoder call with its isinstance chain, a
-str -> bytes encode and a bytes join per argument), 16 us for the 27 arguments of a
-relaybox entry, more than the rest of a publish; here the whole command is one
-formatted string, two encodes and a join, 2.6 us. The bytes are the ones redis-py
-would send for the same `xadd` (a test holds it to that), the RESP of any client:
+Hand-written for a measured need: redis-py's `pack_command` encodes every argument on
+its own (an encoder call with its isinstance chain, a str -> bytes encode and a bytes
+join per argument), which for the many arguments of a relaybox entry measured costlier
+than the rest of a publish; here the whole command is one formatted string, two encodes
+and a join (docs/benchmarks.md). The bytes are the ones redis-py would send for the
+same `xadd` (a test holds it to that), the RESP of any client:
 
     *<n>\\r\\n $4\\r\\nXADD\\r\\n $<len>\\r\\n<key>\\r\\n [MAXLEN [~] <n>] $1\\r\\n*\\r\\n
     $<len>\\r\\n<field>\\r\\n $<len>\\r\\n<value>\\r\\n ...

@@ -221,8 +221,8 @@ class Delivery:
     ) -> int:  # fmt: skip
         """Count the call, per call and not per message, and return how many were acked.
         relaybox's publishers answer success with the one `ACKED`, which `list.count`
-        matches by identity in C (0.4 us for 500); results made elsewhere are counted by
-        their outcome (12 us for 500)."""
+        matches by identity in C, far cheaper than reading each outcome; results made
+        elsewhere are counted by their outcome."""
         counters = self.counters[target]
         counters.publish_seconds.observe(time.monotonic() - started)
         if not results:

@@ -15,9 +15,8 @@ class RelaySettings:
     #: Rows per claim; one commit claims them and one settles them.
     batch_size: int = 500
     #: Claimed batches being published at once: the window of unacknowledged sends.
-    #: Two overlap the next claim with the last batch's publish and settle; more only
-    #: made claims skip the keys still in flight (drain, no-op publisher: 1 batch 30k,
-    #: 2 batches 34-39k, 4 batches 31-33k msg/s; docs/benchmarks.md).
+    #: Two overlap the next claim with the last batch's publish and settle; more make
+    #: claims skip the keys still in flight, and measured slower (docs/benchmarks.md).
     max_in_flight: int = 2
     #: How long a claim (and a partition) stays ours without renewal.
     lease_seconds: float = 30.0
@@ -30,7 +29,7 @@ class RelaySettings:
     partitions: int = DEFAULT_PARTITIONS
     #: Spread partitions across relay processes by leases; a relay then
     #: reads its partitions' rows without leasing each one. Off: every process claims
-    #: from every partition, leasing each row (still safe, half the drain rate). Every
+    #: from every partition, leasing each row (still safe, a slower drain). Every
     #: relay of one table must use the same setting.
     partition_leases: bool = True
     #: Adaptive poll: right after an empty claim wait `min_poll_interval`, doubling

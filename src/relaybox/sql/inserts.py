@@ -31,7 +31,7 @@ class Statement(NamedTuple):
 
 
 _NO_IDS = (None, None, None, None)
-#: Statement(query, params) calls a Python __new__; tuple.__new__ costs half as much.
+#: Statement(query, params) calls a Python __new__; tuple.__new__ is cheaper.
 _new = tuple.__new__
 
 
@@ -123,7 +123,7 @@ def _postgres_one(
     partition: int | str = row[5]
     lock: int | str | None = key_lock_id(table, row[4])
     if text_values:  # 32 hex digits are a valid uuid literal (and to_bytes().hex()
-        # costs half of an f-string's formatting of a 128-bit int)
+        # is cheaper than an f-string's formatting of a 128-bit int)
         id_, partition = id_.int.to_bytes(16).hex(), str(partition)
         lock = None if lock is None else str(lock)
     extra = () if notify is None else (notify,)

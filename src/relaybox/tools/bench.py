@@ -75,7 +75,8 @@ RAW_COLUMNS = (
     "headers::text, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, "
     "attempts"
 )
-#: PostgreSQL's outbox table holds live rows only (migration 0007).
+#: PostgreSQL's outbox table holds live rows only (finished ones move to its `_done`
+#: table), so the raw loop takes the oldest rows without filtering on status.
 RAW_CLAIM = (
     "DELETE FROM {table} WHERE seq IN (SELECT seq FROM {table} ORDER BY seq LIMIT $1 "
     "FOR UPDATE SKIP LOCKED) RETURNING " + RAW_COLUMNS

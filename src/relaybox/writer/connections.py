@@ -5,17 +5,17 @@ name), so nothing is imported that the caller does not already use, and subclass
 (a project's own Session class, say) are recognised too. The writer only executes
 statements: it never begins, commits, rolls back or closes anything.
 
-Recognising cost more than the writer's own Python work on the common path, and it
-runs in every business transaction, so it happens once per type, and the `Channel` it
-yields is kept per connection object (held weakly: the cache never keeps a connection
-alive). A SQLAlchemy session is the exception: it hands out a new Connection per
-transaction (an AsyncSession a new, short-lived proxy per call), so a session is
-resolved on every call and its channel is not kept.
+Recognising a connection costs more than the writer's own Python work on the common
+path, and the writer runs in every business transaction, so it happens once per type,
+and the `Channel` it yields is kept per connection object (held weakly: the cache never
+keeps a connection alive). A SQLAlchemy session is the exception: it hands out a new
+Connection per transaction (an AsyncSession a new, short-lived proxy per call), so a
+session is resolved on every call and its channel is not kept.
 
 A psycopg connection's channel also keeps one cursor, made on a weak proxy of the
 connection: `Connection.execute` makes a new cursor per call (its adapters map and
-transformer, whose per-type dumper cache then starts empty every time), and that cost
-the writer's transaction 2-3 % of its throughput (docs/benchmarks.md, "Writer overhead").
+transformer, whose per-type dumper cache then starts empty every time), a measured
+cost to the writer's transaction (docs/benchmarks.md, "Writer overhead").
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Channel:
     execute: Any  # SyncExecute or AsyncExecute, by the side it was made for
     #: The driver takes a str for any parameter the SQL casts (psycopg sends it untyped
     #: for the server to parse), and pays a Python-level adapter lookup per distinct
-    #: type in every execute (~2-4 us each, measured): ids and integers go as text.
+    #: type in every execute (a measured cost): ids and integers go as text.
     text_values: bool = False
 
 

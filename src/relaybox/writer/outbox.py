@@ -44,11 +44,10 @@ class Outbox:
     It is off by default because its cost grows with the number of writer processes
     (each has its own `Outbox`, so up to 20 NOTIFYs a second each). Measured with
     `benchmarks/writer_overhead.py` (docs/benchmarks.md, "Waking the relay with
-    NOTIFY"), outbox transactions with `notify=True` over without: 4 writer processes
-    0.996 (median of 6 paired runs, 5-7 % of transactions notified), 16 processes
-    0.978 (3 paired runs, 30-40 % notified) and 0.963 at full contention; with a NOTIFY
-    on every transaction 0.93 paired and 0.83 at full contention. Turn it on where a
-    few writer processes share the database and wake-up latency matters.
+    NOTIFY"), the debounced NOTIFY is within noise for a few writer processes and
+    costs throughput as they and their contention grow; a NOTIFY on every transaction
+    costs clearly more. Turn it on where a few writer processes share the database and
+    wake-up latency matters.
     """
 
     def __init__(

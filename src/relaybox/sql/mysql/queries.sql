@@ -9,9 +9,9 @@
 -- text. Comments here must not contain a placeholder or a marker.
 
 -- name: lock_keys
--- Before a writer inserts keyed rows: lock their slots (schema.sql, {table}_key_locks), in slot
--- order so that two writers never wait on each other in a cycle. The writer appends
--- the placeholders and the ORDER BY ... FOR UPDATE tail.
+-- Before a writer inserts keyed rows: lock their slots (schema.sql, {table}_key_locks),
+-- in slot order so that two writers never wait on each other in a cycle. The writer
+-- appends the placeholders and the ORDER BY ... FOR UPDATE tail.
 SELECT slot FROM {table}_key_locks WHERE slot IN;
 
 -- name: insert_one
@@ -39,8 +39,9 @@ VALUES;
 -- Step 1 of a claim, run once for 'pending' and once for 'failed', each one range of
 -- the live index in seq order. A claim locks the rows it finds (the lock marker is
 -- FOR UPDATE SKIP LOCKED); the owned read of a relay that holds its partitions reads
--- them without locks (the marker is empty). Rows behind a head of their key that is not due or is
--- leased are skipped here, so a long blocked backlog never uses up the limit. Parameters: status, seq bound, filter values, limit.
+-- them without locks (the marker is empty). Rows behind a head of their key that is
+-- not due or is leased are skipped here, so a long blocked backlog never uses up the
+-- limit. Parameters: status, seq bound, filter values, limit.
 SELECT seq, target, `key` FROM {table} o FORCE INDEX ({prefix}_live_ix)
 WHERE status = %s AND seq < %s AND available_at <= UTC_TIMESTAMP(6) {filters}
   AND (live_key IS NULL OR NOT EXISTS (

@@ -1,8 +1,8 @@
 -- relaybox's outbox on MySQL 8 and MariaDB 10.6+: the whole schema, as the migrations
--- build it. relaybox fills in the table's name and the prefix of its indexes
--- (`relaybox schema --dialect mysql --table NAME` prints it for a table). Each statement
--- is idempotent: MySQL commits every DDL statement on its own, so a run cut short can
--- simply run again.
+-- build it. `relaybox schema --dialect mysql --table NAME` prints it for a table.
+
+-- Each statement is idempotent: MySQL commits every DDL statement on its own, so a run
+-- cut short can simply run again.
 
 -- The outbox: one row per (message, target). Times are UTC (DATETIME(6) has no zone).
 -- MariaDB and MySQL have no partial indexes: the claim's index leads with status (one

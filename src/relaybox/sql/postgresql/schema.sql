@@ -1,6 +1,5 @@
 -- relaybox's outbox on PostgreSQL: the whole schema, as the migrations build it.
--- relaybox fills in the table's name and the prefix of its indexes and functions
--- (`relaybox schema --dialect postgresql --table NAME` prints it for a table).
+-- `relaybox schema --dialect postgresql --table NAME` prints it for a table.
 
 -- The status of a row. An enum rather than a CHECK constraint: PostgreSQL re-reads a
 -- table's CHECK expressions for every INSERT statement, which is a cost on every writer

@@ -1,6 +1,5 @@
 -- relaybox's outbox on SQLite: the whole schema, as the migrations build it.
--- relaybox fills in the table's name and the prefix of its indexes and functions
--- (`relaybox schema --dialect sqlite --table NAME` prints it for a table).
+-- `relaybox schema --dialect sqlite --table NAME` prints it for a table.
 
 -- The outbox: one row per (message, target). Finished rows (published under a
 -- retention, abandoned) stay here with their status; partial indexes keep them out of

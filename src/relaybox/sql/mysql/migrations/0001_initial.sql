@@ -1,5 +1,8 @@
--- Migration 0001: relaybox's outbox on MySQL and MariaDB, as first released (schema.sql is the
--- whole schema today; tests/migration holds the two to each other).
+-- Migration 0001: relaybox's outbox on MySQL and MariaDB, its first schema (schema.sql
+-- is the whole current schema; tests/migration holds the two to each other).
+
+-- Each statement is idempotent: MySQL commits every DDL statement on its own, so a run
+-- cut short can simply run again.
 
 -- The outbox: one row per (message, target). Times are UTC (DATETIME(6) has no zone).
 -- MariaDB and MySQL have no partial indexes: the claim's index leads with status (one

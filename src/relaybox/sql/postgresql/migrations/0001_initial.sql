@@ -1,5 +1,5 @@
--- Migration 0001: relaybox's outbox on PostgreSQL, as first released (schema.sql is the
--- whole schema today; tests/migration holds the two to each other).
+-- Migration 0001: relaybox's outbox on PostgreSQL, its first schema (schema.sql is the
+-- whole current schema; tests/migration holds the two to each other).
 
 -- The status of a row. An enum rather than a CHECK constraint: PostgreSQL re-reads a
 -- table's CHECK expressions for every INSERT statement, which is a cost on every writer

@@ -1,5 +1,5 @@
--- Migration 0001: relaybox's outbox on SQLite, as first released (schema.sql is the
--- whole schema today; tests/migration holds the two to each other).
+-- Migration 0001: relaybox's outbox on SQLite, its first schema (schema.sql is the
+-- whole current schema; tests/migration holds the two to each other).
 
 -- The outbox: one row per (message, target). Finished rows (published under a
 -- retention, abandoned) stay here with their status; partial indexes keep them out of
