@@ -1,7 +1,7 @@
 """The publisher conformance suite: one contract, run against every real broker.
 
 Each broker's test module subclasses `PublisherConformance` and says how to open its
-harness (Watermill's exported test suite, faststream's shared broker tests):
+harness, and declares what its broker promises:
 
     class TestNats(PublisherConformance):
         def open_harness(self): return nats_harness()

@@ -1,4 +1,4 @@
-"""One storage conformance suite, run against every backend (pgqueuer/eventsourcing style)."""
+"""One storage conformance suite, run against every backend: each test takes `backend`."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ relay keeps them in memory as in flight (skipping them and their keys in the nex
 and one atomic step settles each batch, fenced by the partitions the relay still holds.
 No publish outlives the partition lease as last renewed. Partitions it must give back
 drain first (no new reads there), so the next owner never publishes a row a second time.
-A per-row lease would write every row twice; this drains at the rate of a bare
-claim-and-delete loop (docs/benchmarks.md).
+A per-row lease would write every row twice; a read that writes nothing lets the relay
+drain near the rate of a bare claim-and-delete loop (docs/benchmarks.md).
 """
 
 from __future__ import annotations

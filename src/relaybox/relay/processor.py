@@ -1,10 +1,9 @@
 """One database's relay: claim, publish, settle, with cleanup and the table's counts.
 
 Three connections per database, so that no kind of work waits behind another: one
-claims, one settles (and renews), one keeps house (heartbeats, purges). A second
-claiming connection, each on half the partitions, drained slower: a claim must skip
-every key that a batch still in flight holds, and halving the keys per connection
-doubled the skipping.
+claims, one settles (and renews), one keeps house (heartbeats, purges). One claiming
+connection, not two on half the partitions each: a claim skips every key that a batch
+still in flight holds, and halving the keys per connection doubles the skipping.
 
 There are two ways to hold rows while they are published, one subclass each:
 

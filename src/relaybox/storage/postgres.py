@@ -1,7 +1,7 @@
 """PostgreSQL storage for the relay, over asyncpg (default) or psycopg 3.
 
 Both drivers run the same `$n` SQL from sql/postgresql/queries.sql (psycopg through its
-raw cursor). asyncpg is the default, as it drained faster (docs/benchmarks.md); psycopg
+raw cursor). asyncpg is the default, as it measured faster (docs/benchmarks.md); psycopg
 is there for services that ship only psycopg. Lists of seqs travel as one array text
 parameter: asyncpg checks every element of an array parameter on the client, where one
 string costs nothing.
