@@ -113,6 +113,8 @@ class BenchOptions:
     skip_raw: bool
     table: str
     topic: str = "bench"
+    #: Lease each row (`relaybox relay --no-partition-leases`) instead of partitions.
+    row_leases: bool = False
 
 
 # -- the database side ----------------------------------------------------------------
@@ -809,7 +811,10 @@ def new_relay(options: BenchOptions, publisher: Publisher) -> Relay:
 
 def _relay_settings(options: BenchOptions) -> RelaySettings:
     return RelaySettings(
-        batch_size=options.batch_size, max_in_flight=options.max_in_flight, idle_interval=1.0
+        batch_size=options.batch_size,
+        max_in_flight=options.max_in_flight,
+        idle_interval=1.0,
+        partition_leases=not options.row_leases,
     )
 
 
@@ -888,10 +893,15 @@ def _default_table() -> str:
 @click.option("--skip-raw", is_flag=True,
               help="Skip the raw limits (claim-and-delete; the broker client alone).")  # fmt: skip
 @click.option("--table", default=None, help="Table to create, then drop [default: a new one].")
+@click.option(
+    "--row-leases",
+    is_flag=True,
+    help="Relays lease each row (as with relaybox relay --no-partition-leases).",
+)
 def bench(
     db: str, broker: str, messages: int, batch_size: int, max_in_flight: int, rate: float,
     paced_seconds: float, idle_seconds: float, keys: int, payload_bytes: int, skip_raw: bool,
-    table: str | None,
+    table: str | None, row_leases: bool,
 ) -> None:  # fmt: skip
     """Measure the relay on a database: drain, idle load, latency, WAL; prints JSON."""
     try:
@@ -900,7 +910,7 @@ def bench(
             max_in_flight=max_in_flight, rate=rate, paced_seconds=paced_seconds,
             idle_seconds=idle_seconds, keys=keys, payload_bytes=payload_bytes,
             skip_raw=skip_raw, table=validate_table_name(table or _default_table()),
-            topic=bench_raw.bench_topic(),
+            topic=bench_raw.bench_topic(), row_leases=row_leases,
         )  # fmt: skip
         report = asyncio.run(run_bench(options))
     except RelayboxError as exc:
