@@ -8,9 +8,9 @@ counts, abandoned rows, replay and the writes of tools. Each query is named in t
 dialect's queries.sql and takes the same parameters in the same order on every dialect.
 
 A dialect (postgres.py, mysql.py, sqlite.py) supplies its driver, how its errors map
-onto relaybox's, how it binds a list of seqs, and what it does its own way: the claim and
-the owned read, and the steps of a heartbeat where its SQL cannot return rows from an
-UPDATE.
+onto relaybox's, how it binds a list of seqs, and what it does its own way: the claim
+(`RowLeaseStorage.claim`) and the owned read (`PartitionStorage.read`), and the steps of
+a heartbeat where its SQL cannot return rows from an UPDATE.
 """
 
 from __future__ import annotations
@@ -28,12 +28,10 @@ from relaybox.core.partitions import DEFAULT_PARTITIONS, rebalance, require_part
 from relaybox.core.records import (
     AbandonedMessage,
     Assignment,
-    Claim,
     Failure,
     InsertRow,
     OutboxStats,
     Settled,
-    StoredMessage,
 )
 from relaybox.errors import SchemaError, StorageError, StorageOperationalError
 from relaybox.sql.inserts import inserts
@@ -137,29 +135,6 @@ class SqlStorage(abc.ABC):
     @abc.abstractmethod
     def _seqs(self, seqs: Seqs) -> Any:
         """A list of seqs as this dialect's queries take it in one parameter."""
-
-    @abc.abstractmethod
-    async def claim(
-        self,
-        worker: str,
-        *,
-        limit: int,
-        lease_seconds: float,
-        partitions: Sequence[int] | None = None,
-        targets: Sequence[str] | None = None,
-        partition_count: int = DEFAULT_PARTITIONS,
-    ) -> Claim: ...
-
-    @abc.abstractmethod
-    async def read(
-        self,
-        *,
-        limit: int,
-        partitions: Sequence[int] | None = None,
-        targets: Sequence[str] | None = None,
-        partition_count: int = DEFAULT_PARTITIONS,
-        in_flight: Sequence[StoredMessage] = (),
-    ) -> list[StoredMessage]: ...
 
     def _bind(self, name: str, args: Sequence[Any]) -> tuple[str, Sequence[Any]]:
         """A named query and its parameters as the driver takes them."""
