@@ -525,36 +525,67 @@ async def test_relay_thread_runs_a_relay_for_sync_code(sqlite_db: OutboxDB) -> N
     assert await db.status_counts() == {}
 
 
-async def test_an_unrecorded_failure_holds_back_its_keys_later_successes(db: OutboxDB) -> None:
+async def test_an_unrecorded_failure_holds_back_its_keys_later_successes(
+    db: OutboxDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """K:0 is refused for good, K:1 goes out; if the abandon of K:0 cannot be recorded,
     K:1 is not recorded as published either, so neither comes back out of order."""
+    import relaybox.relay.processor
+
+    # Two tries of each settle, 0.01 s apart: the abandon is given up at once, not after
+    # the 4 s of the usual retries (a test that heals the connection sooner never sees
+    # a settle given up, and holds nothing back).
+    monkeypatch.setattr(relaybox.relay.processor, "SETTLE_RETRY_DELAYS", (0.01,))
     await db.write(messages(["k"], per_key=2))
     publisher = MemoryPublisher()
     publisher.reject(lambda m: json.loads(m.payload)["n"] == 0, error="too large")
     settings = fast_settings(lease_seconds=0.8, published_retention=3600.0,
                              partition_leases=False)  # fmt: skip
     relay = relay_of(db, publisher, settings)
+    recorded: list[tuple[str, list[int]]] = []  # what the settles recorded, in order
     async with relay:
-        cut = [_NoAbandon(p._db.settles) for p in relay.processors]
+        cut = [_NoAbandon(p._db.settles, recorded) for p in relay.processors]
         for processor, settles in zip(relay.processors, cut, strict=True):
             processor._db = dataclasses.replace(processor._db, settles=settles)
-        await eventually(lambda: len(publisher.published) >= 1)
-        await asyncio.sleep(0.2)
+        # The abandon was refused twice (given up) and the batch's settle is over.
+        await eventually(lambda: sum(settles.refused for settles in cut) >= 2)
+        await eventually(lambda: not any(p.in_flight for p in relay.processors))
+        assert len(publisher.published) >= 1  # K:1 went out...
+        assert recorded == []  # ...and was not recorded as published
         assert {r.status for r in await asyncio.to_thread(rows, db)} == {Status.PROCESSING}
         for settles in cut:
             settles.healed = True
         await eventually(lambda: _counts_are(db, {Status.ABANDONED: 1, Status.PUBLISHED: 1}))
+    k0, k1 = sorted(r.seq for r in await asyncio.to_thread(rows, db))
+    abandoned = recorded.index(("abandoned", [k0]))
+    assert abandoned < recorded.index(("published", [k1])), recorded  # in order, once healed
 
 
 class _NoAbandon(_Passthrough):
-    """A settle connection on which abandons fail until it is `healed`."""
+    """A settle connection on which abandons fail until it is `healed`; it notes what
+    it recorded (abandons, publishes) in `recorded`, in order."""
 
     healed = False
 
-    async def abandon(self, token: str, failures: Sequence[object]) -> int:
-        if self.healed:
-            return await self._inner.abandon(token, failures)  # type: ignore[attr-defined,no-any-return]
-        raise StorageOperationalError("connection cut (test)")
+    def __init__(self, inner: object, recorded: list[tuple[str, list[int]]]) -> None:
+        super().__init__(inner)
+        self.recorded = recorded
+        self.refused = 0
+
+    async def abandon(self, token: str, failures: Sequence[Failure]) -> int:
+        if not self.healed:
+            self.refused += 1
+            raise StorageOperationalError("connection cut (test)")
+        count: int = await self._inner.abandon(token, failures)  # type: ignore[attr-defined]
+        if count:
+            self.recorded.append(("abandoned", [f.seq for f in failures]))
+        return count
+
+    async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool) -> int:
+        count: int = await self._inner.mark_published(token, seqs, delete=delete)  # type: ignore[attr-defined]
+        if count:
+            self.recorded.append(("published", list(seqs)))
+        return count
 
 
 # Relays that hold their partitions (the default): reads that write nothing.
