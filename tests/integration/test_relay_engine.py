@@ -361,9 +361,9 @@ async def test_stop_releases_what_is_in_flight_within_the_timeout(db: OutboxDB) 
     publisher.hang()
     # The hung publishes would end only at the publish timeout or when the partition
     # lease (2/3 of lease_seconds) runs out after the last heartbeat, and a stop without
-    # a timeout of its own would wait shutdown_timeout: all 40 s or more here, so that
-    # stop(timeout=0.3) ends by its own timeout and no other. Half of that is room enough
-    # for a busy machine.
+    # a timeout of its own would wait shutdown_timeout: all 40 s or more here, so only
+    # stop(timeout=0.3) itself can end it under the 30 s bound, which leaves a busy
+    # machine a hundred times the 0.3 s.
     long = fast_settings(lease_seconds=60.0, publish_timeout=60.0, shutdown_timeout=60.0)
     relay = relay_of(db, publisher, long)
     await relay.start()
