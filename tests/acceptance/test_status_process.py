@@ -63,9 +63,13 @@ async def test_a_relay_process_serves_its_signals(db: OutboxDB, tmp_path: Path) 
         done = time.monotonic()
 
         async def read_since() -> dict[str, Any]:  # the table is read again every 15 s
+            # The sample's age is as of the answer, which comes after `asked`: younger
+            # than the time from `done` to `asked`, it was taken after `done`, however
+            # slow the answer was.
+            asked = time.monotonic()
             report = json.loads((await asyncio.to_thread(_get, port, "/api/outbox"))[1])
             age = report["databases"]["db0"]["outbox"]["sample_age_seconds"]
-            return report if age < time.monotonic() - done else {}
+            return report if age < asked - done else {}
 
         await eventually(read_since, timeout=40, interval=0.5)
         report = await read_since() or json.loads(_get(port, "/api/outbox")[1])

@@ -17,6 +17,7 @@ import pytest
 
 from relaybox.core.incoming import Incoming
 from relaybox.inbox import Processed
+from tests.databases import fetch_all
 from tests.inbox.support import DIALECTS, InboxWorld, incoming
 
 
@@ -52,12 +53,39 @@ async def test_second_copy_waits_for_the_first_and_skips(world: InboxWorld) -> N
     first = asyncio.create_task(one.process(copy))
     await gate.first_inside.wait()
     second = asyncio.create_task(two.process(copy))
-    await asyncio.sleep(0.5)
-    assert not second.done(), "the second copy must wait for the first copy's transaction"
-    gate.release.set()
+    try:
+        await held_up_by_the_first(world)
+        assert not second.done(), "the second copy must wait for the first copy's transaction"
+    finally:
+        gate.release.set()  # (a failure above must not leave the first copy hanging)
     assert await first is Processed.APPLIED
     assert await second is Processed.DUPLICATE
     assert world.effects("billing") == {"payment-1": 1}
+
+
+async def held_up_by_the_first(world: InboxWorld) -> None:
+    """Until the database shows a statement on the inbox waiting for a lock: the second
+    copy's check, held up by the first copy's uncommitted record. Awaited, not slept
+    for, so a busy machine cannot let the test look before the second copy got there."""
+    like = f"'%{world.table}%'"
+    if world.dialect == "postgresql":
+        query = (
+            "SELECT count(*) FROM pg_stat_activity"
+            f" WHERE wait_event_type = 'Lock' AND query LIKE {like}"
+        )
+    elif world.dialect == "mysql":
+        query = (
+            "SELECT count(*) FROM information_schema.innodb_trx"
+            f" WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE {like}"
+        )
+    else:  # SQLite shows no connection waiting for its write lock: give it time
+        await asyncio.sleep(0.5)
+        return
+    async with asyncio.timeout(30):
+        while not fetch_all(world.url, query)[0][0]:
+            # Not faster: MariaDB refreshes innodb_trx only when it was last read over
+            # 0.1 s ago, so reading it more often shows the same old rows for ever.
+            await asyncio.sleep(0.25)
 
 
 async def test_second_copy_applies_when_the_first_rolls_back(world: InboxWorld) -> None:
@@ -68,8 +96,10 @@ async def test_second_copy_applies_when_the_first_rolls_back(world: InboxWorld) 
     first = asyncio.create_task(one.process(copy))
     await gate.first_inside.wait()
     second = asyncio.create_task(two.process(copy))
-    await asyncio.sleep(0.3)
-    gate.release.set()
+    try:
+        await held_up_by_the_first(world)
+    finally:
+        gate.release.set()
     with pytest.raises(RuntimeError):
         await first
     assert await second is Processed.APPLIED
@@ -100,7 +130,9 @@ async def test_watermark_copies_racing_apply_once(world: InboxWorld) -> None:
     first = asyncio.create_task(one.process(copy))
     await gate.first_inside.wait()
     second = asyncio.create_task(two.process(copy))
-    await asyncio.sleep(0.3)
-    gate.release.set()
+    try:
+        await held_up_by_the_first(world)
+    finally:
+        gate.release.set()
     assert {await first, await second} == {Processed.APPLIED, Processed.DUPLICATE}
     assert world.effects("wm") == {"seq-5": 1}

@@ -14,6 +14,7 @@ import pytest
 
 from relaybox import ConfigurationError, Message, Outbox, StorageOperationalError
 from relaybox.core.identifiers import notify_channel
+from relaybox.storage import pg_listen
 from relaybox.storage.pg_listen import APPLICATION_NAME, Listener, listen
 from relaybox.storage.urls import DatabaseUrl
 from relaybox.writer.outbox import DEFAULT_NOTIFY_INTERVAL
@@ -40,7 +41,7 @@ class Wakes:
         self.count += 1
         self._changed.set()
 
-    async def reach(self, count: int, timeout: float = 10.0) -> None:
+    async def reach(self, count: int, timeout: float = 30.0) -> None:
         async with asyncio.timeout(timeout):
             while self.count < count:
                 self._changed.clear()
@@ -202,22 +203,40 @@ async def test_notify_off_sends_nothing(
 
 
 async def test_adds_within_the_interval_send_one_notify(
-    table: str, wakes: Wakes, asyncpg_listener: Listener, writer: Writer
+    table: str,
+    wakes: Wakes,
+    asyncpg_listener: Listener,
+    writer: Writer,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    interval = 2.0  # long enough that a slow, busy machine still fits 5 commits in it
+    # The writer's clock, moved by the test: the five commits fall within the interval
+    # and the sixth after it, however long each takes on a busy machine.
+    clock = FakeClock(1000.0)
+    monkeypatch.setattr("relaybox.writer.outbox.time", clock)
+    interval = 2.0
     outbox = Outbox(table=table, notify=interval)
-    start = asyncio.get_running_loop().time()
     for n in range(5):
         await writer.add(outbox, message(n))
         await writer.commit()
-    assert asyncio.get_running_loop().time() - start < interval
+        clock.now += interval / 10
     await wakes.reach(1)
     await wakes.stays(1)
-    await asyncio.sleep(max(0.0, start + interval - asyncio.get_running_loop().time()))
+    clock.now = 1000.0 + interval
     await writer.add(outbox, message(9))
     await writer.commit()
     await wakes.reach(2)
     await wakes.stays(2)
+
+
+class FakeClock:
+    """Stands in for the `time` module of relaybox.writer.outbox: its monotonic() is
+    whatever the test says."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
 
 
 async def test_a_failed_add_hands_its_notify_to_the_next(
@@ -237,17 +256,44 @@ async def test_a_failed_add_hands_its_notify_to_the_next(
 # -- the relay's side: the listener ------------------------------------------------------
 
 
-async def test_the_listener_survives_its_idle_probes(table: str, writer: Writer) -> None:
+async def test_the_listener_survives_its_idle_probes(
+    table: str, writer: Writer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probes = _count_probes(monkeypatch)
     wakes = Wakes()
     for count, url in enumerate(LISTEN_URLS.values(), start=1):
-        found = await listen(url, table, wakes, probe_every=0.05)
+        # A probe unanswered within probe_every counts the connection dead: 0.5 s is
+        # ample for a SELECT 1 on a busy machine.
+        found = await listen(url, table, wakes, probe_every=0.5)
         try:
-            await asyncio.sleep(0.3)  # several probes
+            pid, before = found.backend_pid, len(probes)
+            async with asyncio.timeout(30):  # two probes answered, however long they take
+                while len(probes) < before + 2:
+                    await asyncio.sleep(0.05)
+            # The same connection, never dropped: a reconnect would also have woken it.
+            assert found.backend_pid == pid
+            assert wakes.count == count - 1
             await writer.add(Outbox(table=table, notify=0), message())
             await writer.commit()
             await wakes.reach(count)
         finally:
             await found.close()
+
+
+def _count_probes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Note each probe answered, by either driver's listening connection (its pid)."""
+    answered: list[int] = []
+    for session in (pg_listen._AsyncpgSession, pg_listen._PsycopgSession):
+
+        def counting(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+            async def probe(self: Any) -> None:
+                await original(self)
+                answered.append(self.backend_pid)
+
+            return probe
+
+        monkeypatch.setattr(session, "probe", counting(session.probe))
+    return answered
 
 
 async def test_a_killed_listener_reconnects_and_wakes(
@@ -302,7 +348,7 @@ async def test_a_silently_dead_connection_is_found_by_the_probe(
     try:
         pid = found.backend_pid
         proxy.freeze()  # the connection stays open and never answers again
-        await wakes.reach(1, timeout=5)
+        await wakes.reach(1)
         assert found.backend_pid not in (None, pid)
         await writer.add(Outbox(table=table, notify=0), message())
         await writer.commit()
@@ -337,7 +383,7 @@ async def test_a_failing_callback_does_not_stop_the_listener(table: str, writer:
         for n in range(2):
             await writer.add(outbox, message(n))
             await writer.commit()
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(30):
                 while len(calls) <= n:
                     await asyncio.sleep(0.01)
     finally:
@@ -436,7 +482,7 @@ def _count(table: str) -> int:
 
 async def _the_listening_pid(table: str, other_than: int | None = None) -> int:
     """The one listener's pid, once a killed one (`other_than`) has gone."""
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(30):
         while True:
             pids = _listening_pids(table)
             if len(pids) == 1 and pids[0] != other_than:
