@@ -705,3 +705,59 @@ async def test_partitions_in_flight_drain_before_a_joining_relay_takes_them(
     both = sorted(first.published + second.published, key=lambda m: m.seq)
     for key, order in per_key(both).items():
         assert order == list(range(10)), key
+
+
+class _HeldReads(_Passthrough):
+    """A relay's storage whose reads return only once `gate` opens (`began`: one did)."""
+
+    def __init__(self, inner: object, gate: asyncio.Event, began: asyncio.Event) -> None:
+        super().__init__(inner)
+        self._gate, self._began = gate, began
+
+    async def read(self, **query: object) -> object:
+        rows = await self._inner.read(**query)  # type: ignore[attr-defined]
+        self._began.set()
+        await self._gate.wait()
+        return rows
+
+
+async def test_a_read_that_spans_a_rebalance_publishes_nothing_given_away(
+    db: OutboxDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read runs while a heartbeat gives half the partitions to a relay that joined:
+    the rows being read were not in flight yet, so the heartbeat could give their
+    partitions away. Those rows are the new owner's alone: none is published twice."""
+    keys = [f"k{i}" for i in range(40)]
+    await db.write(messages(keys, per_key=10))
+    gate, began = asyncio.Event(), asyncio.Event()
+    first, second = MemoryPublisher(), MemoryPublisher()
+    held = _HeldReads(db.storage, gate, began)
+    if db.name != "memory":  # the relay opens its own connections: hold theirs
+        from relaybox.relay import engine
+
+        real_open = engine.open_storage
+
+        async def held_open(url: str, **options: object) -> object:
+            return _HeldReads(await real_open(url, **options), gate, began)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(engine, "open_storage", held_open)
+    running = Relay(
+        db.url if db.name != "memory" else held,  # type: ignore[arg-type]
+        {"default": first, "partner": MemoryPublisher()}, table=db.table,
+        settings=fast_settings(batch_size=100),
+    )  # fmt: skip
+    async with running:
+        await asyncio.wait_for(began.wait(), 15)  # a read of all 8 partitions is under way
+        monkeypatch.undo()
+        async with relay_of(db, second, fast_settings(batch_size=100)) as joined:
+            await eventually(lambda: len(running.processors[0].partitions or ()) < 8)
+            await eventually(lambda: len(second.published) > 0)
+            gate.set()
+            await eventually(lambda: len(first.published) + len(second.published) >= 400)
+            await asyncio.sleep(0.5)  # time for a late second copy to show
+    ids = [m.id for m in first.published + second.published]
+    assert len(ids) == len(set(ids)) == 400
+    both = sorted(first.published + second.published, key=lambda m: m.seq)
+    for key, order in per_key(both).items():
+        assert order == list(range(10)), key
+    assert joined.processors[0].partitions

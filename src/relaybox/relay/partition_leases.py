@@ -40,6 +40,9 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         #: last successful heartbeat plus the partition lease.
         self._held_until = 0.0
         self._guards: set[asyncio.Timeout] = set()
+        #: Set while no heartbeat runs (see `_claim`).
+        self._between_heartbeats = asyncio.Event()
+        self._between_heartbeats.set()
         self._claiming.clear()  # until the first heartbeat says which partitions are ours
 
     @property
@@ -58,6 +61,11 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
     # -- reading -----------------------------------------------------------------------
 
     async def _claim(self, targets: list[str]) -> Claim | None:
+        """Read the next batch of the partitions held. A heartbeat that runs meanwhile
+        does not count the rows being read as in flight, and may give their partitions
+        away: the batch keeps only the rows of partitions still held once no heartbeat
+        runs (and it goes in flight before the next one can start), so the next owner
+        is the only one to publish the rest."""
         if self._scope == []:
             return None  # no partition held (yet): nothing is ours to read
         settings = self._settings
@@ -68,6 +76,10 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
             partition_count=settings.partitions,
             in_flight=self._flight.messages(),
         )
+        await self._between_heartbeats.wait()
+        held = self.partitions or frozenset()
+        if len(held) < settings.partitions:
+            messages = [m for m in messages if m.partition in held]
         return Claim("", self.worker, messages)
 
     def _launched(self, claim: Claim) -> None:
@@ -151,6 +163,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         last_ok = time.monotonic()
         while not self._stopping.is_set():
             started = time.monotonic()
+            self._between_heartbeats.clear()
             try:
                 assignment = await self._db.housekeeping.heartbeat(
                     self.worker,
@@ -168,6 +181,8 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
                 self._held_until = started + settings.partition_lease_seconds
                 self._extend_guards()
                 self._assign(assignment.partitions - assignment.draining)
+            finally:
+                self._between_heartbeats.set()
             await self._sleep(settings.heartbeat_interval)
 
     def _assign(self, partitions: frozenset[int]) -> None:
