@@ -28,6 +28,9 @@ LEASE = 30.0
 #: row comes due up to 1 ms before the moment the test took plus the delay); the others
 #: keep microseconds. Delays here are 50 and 300 ms.
 CLOCK_TICK = 0.002
+#: A lease, delay or backoff whose end a test waits for: long enough that a busy machine
+#: does not pass it between two statements that must both fall inside it.
+WINDOW = 1.0
 
 #: What open_storage returns: every storage port at once.
 AnyStorage = SqlStorage | MemoryStorage
@@ -128,12 +131,13 @@ async def test_failed_row_counts_an_attempt_and_waits_for_its_backoff(backend: B
     claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
     (row,) = claim.messages
     assert (
-        await backend.storage.mark_failed(claim.token, [Failure(row.seq, "broker down", 0.6)]) == 1
+        await backend.storage.mark_failed(claim.token, [Failure(row.seq, "broker down", WINDOW)])
+        == 1
     )
     assert not (await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)).messages
     stats = await backend.storage.stats()
     assert stats.failed == 1
-    await asyncio.sleep(0.9)
+    await asyncio.sleep(WINDOW + 0.3)
     again = await backend.storage.claim("w2", limit=1, lease_seconds=LEASE)
     assert [m.seq for m in again.messages] == [row.seq]
     assert again.messages[0].attempts == 1
@@ -165,10 +169,10 @@ async def test_release_returns_rows_without_an_attempt(backend: Backend) -> None
 
 async def test_expired_lease_is_taken_over_and_the_stale_mark_is_ignored(backend: Backend) -> None:
     await write(backend, msg())
-    stale = await backend.storage.claim("w1", limit=1, lease_seconds=0.3)
     other = await backend.another()
+    stale = await backend.storage.claim("w1", limit=1, lease_seconds=WINDOW)
     assert not (await other.claim("w2", limit=1, lease_seconds=LEASE)).messages
-    await asyncio.sleep(0.6)
+    await asyncio.sleep(WINDOW + 0.3)
     fresh = await other.claim("w2", limit=1, lease_seconds=LEASE)
     assert [m.seq for m in fresh.messages] == [m.seq for m in stale.messages]
     seqs = [m.seq for m in stale.messages]
@@ -180,10 +184,10 @@ async def test_expired_lease_is_taken_over_and_the_stale_mark_is_ignored(backend
 
 async def test_renew_extends_the_lease(backend: Backend) -> None:
     await write(backend, msg())
-    claim = await backend.storage.claim("w1", limit=1, lease_seconds=0.4)
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=WINDOW)
     seqs = [m.seq for m in claim.messages]
     assert await backend.storage.renew(claim.token, seqs, LEASE) == 1
-    await asyncio.sleep(0.7)
+    await asyncio.sleep(WINDOW + 0.3)
     other = await backend.another()
     assert not (await other.claim("w2", limit=1, lease_seconds=LEASE)).messages
     assert await backend.storage.renew(str(uuid.uuid4()), seqs, LEASE) == 0
@@ -233,10 +237,10 @@ async def test_the_same_key_on_another_target_is_independent(backend: Backend) -
 
 
 async def test_delayed_messages_wait_until_due(backend: Backend) -> None:
-    await write(backend, msg(delay=0.6), msg())
+    await write(backend, msg(delay=WINDOW), msg())
     now = await backend.storage.claim("w1", limit=10, lease_seconds=LEASE)
     assert len(now.messages) == 1
-    await asyncio.sleep(0.9)
+    await asyncio.sleep(WINDOW + 0.3)
     later = await backend.storage.claim("w1", limit=10, lease_seconds=LEASE)
     assert len(later.messages) == 1
     assert later.messages[0].seq < now.messages[0].seq
@@ -415,9 +419,9 @@ async def test_a_silent_worker_loses_its_partitions_when_its_lease_runs_out(
     backend: Backend,
 ) -> None:
     silent, survivor = await workers(backend, 2)
-    await silent.heartbeat("silent", partitions=10, lease_seconds=0.5)
+    await silent.heartbeat("silent", partitions=10, lease_seconds=WINDOW)
     assert (await survivor.heartbeat("w2", partitions=10, lease_seconds=LEASE)).partitions == set()
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(WINDOW + 0.3)
     taken = await survivor.heartbeat("w2", partitions=10, lease_seconds=LEASE)
     assert taken == Assignment(frozenset(range(10)), 1)
 
@@ -550,10 +554,10 @@ async def test_a_failed_head_holds_back_its_key_in_reads_until_due(backend: Back
     await hold_everything(backend)
     await write(backend, msg("bad"), msg("bad"), msg("good"), msg(None))
     head, *_ = await backend.storage.read(limit=1)
-    await backend.storage.settle("w1", failed=[Failure(head.seq, "nope", 0.6)])
+    await backend.storage.settle("w1", failed=[Failure(head.seq, "nope", WINDOW)])
     found = await backend.storage.read(limit=10)
     assert [m.key for m in found] == ["good", None]
-    await asyncio.sleep(0.9)
+    await asyncio.sleep(WINDOW + 0.3)
     again = await backend.storage.read(limit=10)
     assert [m.key for m in again] == ["bad", "bad", "good", None]
     assert again[0].seq == head.seq
@@ -579,10 +583,10 @@ async def test_a_key_claimed_by_a_row_lease_relay_is_held_back_in_reads(
     backend: Backend,
 ) -> None:
     await write(backend, msg("k"), msg("k"), msg("free"))
-    claim = await backend.storage.claim("w1", limit=1, lease_seconds=0.5)
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=WINDOW)
     assert [m.key for m in claim.messages] == ["k"]
     assert [m.key for m in await backend.storage.read(limit=10)] == ["free"]
-    await asyncio.sleep(0.8)  # the lease ran out: the row may go again, first
+    await asyncio.sleep(WINDOW + 0.3)  # the lease ran out: the row may go again, first
     assert [m.key for m in await backend.storage.read(limit=10)] == ["k", "k", "free"]
 
 

@@ -90,12 +90,17 @@ class Run:
     outcome: Processed
 
 
-def timed(consumer: Consumer, name: str, runs: list[Run]) -> Consumer:
-    """Make `consumer` note each `process` call in `runs`."""
+def timed(
+    consumer: Consumer, name: str, runs: list[Run], begun: list[str] | None = None
+) -> Consumer:
+    """Make `consumer` note each `process` call in `runs` as it ends, and its name in
+    `begun` as it begins."""
     process = consumer.process
 
     async def timed_process(message: Incoming) -> Processed:
         began = time.monotonic()
+        if begun is not None:
+            begun.append(name)
         outcome = await process(message)
         runs.append(Run(name, began, time.monotonic(), outcome))
         return outcome

@@ -38,7 +38,7 @@ from tests.consumers.conformance import (
     idle_consumer,
     timed,
 )
-from tests.inbox.support import InboxWorld
+from tests.inbox.support import InboxWorld, wait_until
 
 
 class ReceiverServer:
@@ -247,13 +247,16 @@ async def test_a_crash_after_commit_before_the_response_is_resent_as_a_duplicate
 
 async def test_two_receivers_racing_on_one_message_apply_it_once(world: InboxWorld) -> None:
     runs: list[Run] = []
+    begun: list[str] = []
 
     async def hold(message: Incoming) -> None:
-        await asyncio.sleep(1.0)  # the first copy's transaction stays open meanwhile
+        # The first copy's transaction stays open until the other copy came in too,
+        # however slowly it comes: the two race whatever the machine's speed.
+        await wait_until(lambda: len(begun) == 2, timeout=30)
 
     message = stored(unique_topic())
-    one = WebhookReceiver(timed(world.consumer(before_effect=hold), "one", runs))
-    two = WebhookReceiver(timed(world.consumer(before_effect=hold), "two", runs))
+    one = WebhookReceiver(timed(world.consumer(before_effect=hold), "one", runs, begun))
+    two = WebhookReceiver(timed(world.consumer(before_effect=hold), "two", runs, begun))
     # Two instances of the receiving service behind a load balancer, each sent a copy.
     async with (
         ReceiverServer(one) as first,

@@ -247,13 +247,16 @@ async def test_two_group_members_racing_on_one_message_apply_it_once(
     kafka: Kafka, world: InboxWorld
 ) -> None:
     runs: list[Run] = []
+    begun: list[str] = []
 
     async def hold(message: Incoming) -> None:
-        await asyncio.sleep(1.5)  # the first copy's transaction stays open meanwhile
+        # The first copy's transaction stays open until the other copy came in too,
+        # however slowly it comes: the two race whatever the machine's speed.
+        await wait_until(lambda: len(begun) == 2, timeout=30)
 
     one, two = (
-        timed(world.consumer(before_effect=hold), "one", runs),
-        timed(world.consumer(before_effect=hold), "two", runs),
+        timed(world.consumer(before_effect=hold), "one", runs, begun),
+        timed(world.consumer(before_effect=hold), "two", runs, begun),
     )
     async with kafka.consumer(one) as first, kafka.consumer(two) as second:
         await wait_until(lambda: _split(first, second), timeout=30)
