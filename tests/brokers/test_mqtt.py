@@ -388,6 +388,11 @@ async def test_the_aiomqtt_and_paho_internals_relaybox_uses() -> None:
             assert (message.payload, message.qos) == (b"y", 1)  # not PUBRECed by paho
             assert inner._send_pubrec(message.mid) == MQTTErrorCode.MQTT_ERR_SUCCESS
             await asyncio.wait_for(sending, 30)
+            # The broker's PUBREL answers the PUBREC; the sender's flow may end first.
+            for _ in range(3000):
+                if seen[-1][0] >> 4 == PacketTypes.PUBREL:
+                    break
+                await asyncio.sleep(0.01)
     mid = message.mid.to_bytes(2, "big")
     types = [(command >> 4, command & 0x06) for command, _ in seen[1:]]
     assert types == [(PacketTypes.SUBACK, 0), (PacketTypes.PUBLISH, 0x04),

@@ -230,9 +230,9 @@ class _Failures(_Passthrough):
         super().__init__(inner)
         self.failures: list[tuple[float, float]] = []
 
-    async def settle_owned(self, worker: str, **outcomes: object) -> object:
+    async def settle(self, worker: str, **outcomes: object) -> object:
         sent = time.monotonic()
-        settled = await self._inner.settle_owned(worker, **outcomes)  # type: ignore[attr-defined]
+        settled = await self._inner.settle(worker, **outcomes)  # type: ignore[attr-defined]
         failed: Sequence[Failure] = outcomes["failed"]  # type: ignore[assignment]
         self.failures.extend((sent, failure.retry_in) for failure in failed)
         return settled
