@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from relaybox import bench_raw
 from relaybox.core.ids import uuid7
 from relaybox.core.publishing import Outcome
 from relaybox.core.records import StoredMessage
 from relaybox.publishers import open_publisher
+from relaybox.tools import bench_raw
 
 
 def messages(topic: str, count: int, payload_bytes: int, keys: int) -> list[StoredMessage]:

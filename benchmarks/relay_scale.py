@@ -74,12 +74,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PG_URL, cpu_seconds, machine
 
-from relaybox import bench
 from relaybox.core.ids import uuid7
 from relaybox.core.partitions import DEFAULT_PARTITIONS, fair_share
 from relaybox.migrations import migrate
 from relaybox.storage import open_storage
 from relaybox.storage.urls import DatabaseUrl
+from relaybox.tools import bench
 
 COPY_CHUNK = 100_000
 #: Waits that should take seconds; past these something is broken.

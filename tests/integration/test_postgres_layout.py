@@ -108,3 +108,13 @@ async def test_a_relay_refuses_a_table_never_migrated(table: str) -> None:
 
     with pytest.raises(SchemaError, match="relaybox migrate"):
         await open_storage(PG_URL, table=table)
+
+
+async def test_a_storage_connects_while_its_table_is_locked(table: str) -> None:
+    """Checking the schema at connect reads the catalog: a relay starts (and serves its
+    health checks) even while a long lock is held on the outbox table."""
+    await migrate(PG_URL, table=table)
+    with psycopg.connect(PG_URL) as conn:
+        conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        storage = await asyncio.wait_for(open_storage(PG_URL, table=table), 10)
+        await storage.close()

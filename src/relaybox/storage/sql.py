@@ -109,7 +109,10 @@ class SqlStorage(abc.ABC):
         """Open the storage and check that the table's schema is there."""
         storage = cls(DatabaseUrl.parse(url) if isinstance(url, str) else url, table=table)
         try:
-            await storage._run(lambda session: session.fetch("probe"))
+            missing = await storage._run(lambda session: session.fetch("probe"))
+            if missing:  # a probe that reads the catalog names them; others fail
+                names = ", ".join(str(name) for (name,) in missing)
+                raise SchemaError(f"{cls.dialect}: no table {names}")
         except SchemaError as exc:
             await storage.close()
             raise SchemaError(

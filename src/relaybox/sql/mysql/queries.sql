@@ -235,7 +235,8 @@ WHERE status IN ('pending', 'failed') AND available_at <= UTC_TIMESTAMP(6);
 SELECT COUNT(*) FROM {table} WHERE status = 'processing' AND locked_until >= UTC_TIMESTAMP(6);
 
 -- name: probe
--- Run when a storage connects: it fails (and says to migrate) if a table is missing.
+-- Run when a storage connects: it fails (and relaybox says to migrate) if a table is
+-- missing.
 SELECT 1 FROM {table} WHERE FALSE
 UNION ALL SELECT 1 FROM {table}_key_locks WHERE FALSE
 UNION ALL SELECT 1 FROM {table}_partitions WHERE FALSE

@@ -247,7 +247,8 @@ WHERE status IN ('pending', 'processing', 'failed') AND status = 'processing'
   AND locked_until > strftime('%Y-%m-%d %H:%M:%f', 'now');
 
 -- name: probe
--- Run when a storage connects: it fails (and says to migrate) if a table is missing.
+-- Run when a storage connects: it fails (and relaybox says to migrate) if a table is
+-- missing.
 SELECT 1 FROM {table} WHERE 0
 UNION ALL SELECT 1 FROM {table}_partitions WHERE 0
 UNION ALL SELECT 1 FROM {table}_members WHERE 0;
