@@ -220,23 +220,17 @@ class SqlStorage(abc.ABC):
         delete: bool = True,
     ) -> Settled:
         fence = (worker, require_partitions(partition_count))
-        steps = [
-            ("fail_owned", _failures(failed, retry=True) if failed else None),
-            ("abandon_owned", _failures(abandoned, retry=False) if abandoned else None),
-            ("delete_owned" if delete else "publish_owned", Seqs(published) if published else None),
-        ]
-        todo = [(name, rows) for name, rows in steps if rows is not None]
+        steps = [  # (what it counts, the query, its rows)
+            ("failed", "fail_owned", failed and _failures(failed, retry=True)),
+            ("abandoned", "abandon_owned", abandoned and _failures(abandoned, retry=False)),
+            ("published", "delete_owned" if delete else "publish_owned",
+             published and Seqs(published)),
+        ]  # fmt: skip
+        todo = [(field, name, rows) for field, name, rows in steps if rows]
 
         async def run(session: Session) -> Settled:
-            counts = dict.fromkeys(("fail_owned", "abandon_owned"), 0)
-            done = 0
-            for name, rows in todo:
-                changed = await session.execute(name, rows, *fence)
-                if name in counts:
-                    counts[name] = changed
-                else:
-                    done = changed
-            return Settled(counts["fail_owned"], counts["abandon_owned"], done)
+            counts = {f: await session.execute(name, rows, *fence) for f, name, rows in todo}
+            return Settled(**counts)
 
         if not todo:
             return Settled()
