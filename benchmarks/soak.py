@@ -1,4 +1,4 @@
-"""Soak run (issue 6): a steady message rate through PostgreSQL and NATS for a long time.
+"""Soak run: a steady message rate through PostgreSQL and NATS for a long time.
 
     .venv/bin/python benchmarks/soak.py [--minutes 30] [--rate 2000] [--batch 20]
         [--keys 100] [--writers 4] [--payload-bytes 100] [--drain-seconds 30]
@@ -37,7 +37,7 @@ own duration (`commit_ms`).
 
 **Memory**: samples at 0, 10, 20, ... s after the writer started. The level "after the
 first minute" is the sample at 60 s, the level "at the end" the sample when the last
-transaction was due; the criterion (issue 6) is |end / first minute - 1| <= 10 %.
+transaction was due; the criterion is |end / first minute - 1| <= 10 %.
 
 **Lost**: committed messages not received `--drain-seconds` after the writers finished
 (the wait ends as soon as everything arrived); `outbox_rows_after_drain` tells how many

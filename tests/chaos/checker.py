@@ -1,4 +1,4 @@
-"""A Jepsen-style history checker for relaybox runs (issue 6).
+"""A history checker for relaybox runs: what was committed against what was delivered.
 
 Writers record, per message, whether its transaction committed, rolled back, or ended
 without the writer learning which (the connection died during COMMIT: "unknown").

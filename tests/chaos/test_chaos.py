@@ -1,4 +1,4 @@
-"""Proof under faults (issue 6): real relay processes, a throwaway PostgreSQL and NATS,
+"""Proof under faults: real relay processes, a throwaway PostgreSQL and NATS,
 and faults of every kind, judged by the checker and by the inbox's effects.
 
 `make test` runs each scenario short (CI); `make chaos` runs them long

@@ -358,7 +358,7 @@ async def test_a_key_leased_elsewhere_does_not_use_up_the_claim_limit(backend: B
     assert [m.key for m in second.messages] == ["free"]
 
 
-# Partition leases (seed 002).
+# Partition leases.
 
 
 async def workers(backend: Backend, count: int) -> list[AnyStorage]:

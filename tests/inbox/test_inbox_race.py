@@ -1,4 +1,4 @@
-"""Seed 004's subtle case: two copies of one message processed at once by two consumers
+"""The subtle case: two copies of one message processed at once by two consumers
 must not both apply their effects, on PostgreSQL, MariaDB and SQLite.
 
 The copies race for real: both consumers run concurrently against the shared database,

@@ -1,4 +1,4 @@
-"""The relay's operational signals (seed 000) over HTTP: /api/outbox, /metrics,
+"""The relay's operational signals over HTTP: /api/outbox, /metrics,
 /healthz and /readyz, read while a relay works."""
 
 from __future__ import annotations

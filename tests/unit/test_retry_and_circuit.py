@@ -1,4 +1,4 @@
-"""Retry schedule (seed 000) and circuit breaker, with no I/O."""
+"""Retry schedule and circuit breaker, with no I/O."""
 
 from __future__ import annotations
 
