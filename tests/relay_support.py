@@ -138,7 +138,7 @@ class Row:
 
 
 _ROWS_SQL = "SELECT seq, {key}, status, attempts, last_error FROM {table} ORDER BY seq"
-#: PostgreSQL keeps finished rows in a table of their own (migration 0007).
+#: PostgreSQL keeps finished rows in a table of their own ({table}_done).
 _PG_ROWS_SQL = (
     "SELECT seq, key, status, attempts, last_error FROM {table}"
     " UNION ALL SELECT seq, key, status, attempts, last_error FROM {table}_done ORDER BY seq"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Protocol, runtime_checkable
 
+from relaybox.core.message import DEFAULT_TARGET
 from relaybox.core.partitions import DEFAULT_PARTITIONS
 from relaybox.core.publishing import PublisherFeatures, PublishResult
 from relaybox.core.records import (
@@ -75,21 +76,31 @@ class PartitionStorage(Storage, Protocol):
     ) -> Settled:
         """Record, atomically, what happened to rows `worker` read: count a failed
         attempt (due again after `retry_in`), abandon, publish (delete, or keep with
-        `delete=False`). Only live rows in partitions `worker` holds are changed: one
-        that lost a partition changes nothing there (the fence of `read`)."""
+        `delete=False`). Only live rows in a partition of their target that `worker`
+        holds are changed: one that lost a partition changes nothing there (the fence
+        of `read`)."""
 
     async def heartbeat(
-        self, worker: str, *, partitions: int, lease_seconds: float, busy: Collection[int] = ()
+        self,
+        worker: str,
+        *,
+        partitions: int,
+        lease_seconds: float,
+        busy: Collection[int] = (),
+        target: str = DEFAULT_TARGET,
     ) -> Assignment:
-        """Keep `worker` a live member and rebalance partitions 0..partitions-1.
+        """Keep `worker` a live member serving `target`, and rebalance that target's
+        partitions 0..partitions-1 among the live members that serve it.
 
         In one transaction: extend the worker's membership and the leases of the
-        partitions it holds by `lease_seconds`; give back the partitions beyond its fair
-        share (ceil(partitions / live members)), highest first, except those `busy`
-        (rows in flight: kept, renewed and reported `draining` until a later heartbeat);
-        take free or expired partitions, lowest first, up to the share. A process that
-        stops heartbeating loses its partitions when their lease runs out, and the
-        others take them over.
+        target's partitions it holds by `lease_seconds`; give back those beyond its fair
+        share (ceil(partitions / live members serving the target)), highest first,
+        except those `busy` (rows in flight: kept, renewed and reported `draining` until
+        a later heartbeat); take free or expired partitions, lowest first, up to the
+        share. Each target's partitions are leased apart, so relays that serve different
+        targets never hold back each other's rows. A process that stops heartbeating
+        loses its partitions when their lease runs out, and the others take them over.
+        The assignment also says which targets some live relay serves.
         """
 
     async def leave(self, worker: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from relaybox import Message
 from relaybox.core.lifecycle import Status
-from relaybox.core.message import Target
+from relaybox.core.message import DEFAULT_TARGET, Target
 from relaybox.core.partitions import partition_for, partition_of
 from relaybox.core.records import Assignment, Failure, Routing, Settled, StoredMessage
 from relaybox.ports import OperatorStorage, PartitionStorage, RowLeaseStorage, TableWriter
@@ -23,6 +23,8 @@ from tests.conformance.conftest import Backend
 
 ROUTING = Routing.of(["default", "partner"], ["default"])
 LEASE = 30.0
+#: What a heartbeat says some live relay serves, when every relay serves the default.
+SERVED = frozenset({DEFAULT_TARGET})
 #: How early a row may come due by the database's clock, against the test's. SQLite's
 #: clock ticks in milliseconds (an INSERT's "now" is cut to the millisecond, so a delayed
 #: row comes due up to 1 ms before the moment the test took plus the delay); the others
@@ -368,18 +370,18 @@ async def workers(backend: Backend, count: int) -> list[AnyStorage]:
 
 async def test_a_lone_worker_holds_every_partition(backend: Backend) -> None:
     assignment = await backend.storage.heartbeat("w1", partitions=64, lease_seconds=LEASE)
-    assert assignment == Assignment(frozenset(range(64)), 1)
+    assert assignment == Assignment(frozenset(range(64)), 1, served=SERVED)
 
 
 async def test_a_second_worker_gets_half_once_the_first_gives_it_back(backend: Backend) -> None:
     first, second = await workers(backend, 2)
     await first.heartbeat("w1", partitions=64, lease_seconds=LEASE)
     joined = await second.heartbeat("w2", partitions=64, lease_seconds=LEASE)
-    assert joined == Assignment(frozenset(), 2)  # all still leased to w1
+    assert joined == Assignment(frozenset(), 2, served=SERVED)  # all still leased to w1
     kept = await first.heartbeat("w1", partitions=64, lease_seconds=LEASE)
-    assert kept == Assignment(frozenset(range(32)), 2)  # the highest go back
+    assert kept == Assignment(frozenset(range(32)), 2, served=SERVED)  # the highest go back
     taken = await second.heartbeat("w2", partitions=64, lease_seconds=LEASE)
-    assert taken == Assignment(frozenset(range(32, 64)), 2)
+    assert taken == Assignment(frozenset(range(32, 64)), 2, served=SERVED)
 
 
 async def test_three_workers_share_ten_partitions_without_overlap(backend: Backend) -> None:
@@ -423,7 +425,7 @@ async def test_a_silent_worker_loses_its_partitions_when_its_lease_runs_out(
     assert (await survivor.heartbeat("w2", partitions=10, lease_seconds=LEASE)).partitions == set()
     await asyncio.sleep(WINDOW + 0.3)
     taken = await survivor.heartbeat("w2", partitions=10, lease_seconds=LEASE)
-    assert taken == Assignment(frozenset(range(10)), 1)
+    assert taken == Assignment(frozenset(range(10)), 1, served=SERVED)
 
 
 async def test_leave_frees_the_partitions_at_once(backend: Backend) -> None:
@@ -432,17 +434,75 @@ async def test_leave_frees_the_partitions_at_once(backend: Backend) -> None:
         await storage.heartbeat(name, partitions=10, lease_seconds=LEASE)
     await first.leave("w1")
     taken = await second.heartbeat("w2", partitions=10, lease_seconds=LEASE)
-    assert taken == Assignment(frozenset(range(10)), 1)
+    assert taken == Assignment(frozenset(range(10)), 1, served=SERVED)
     await first.leave("w1")  # leaving twice changes nothing
+
+
+async def test_each_target_s_partitions_are_shared_by_the_relays_that_serve_it(
+    backend: Backend,
+) -> None:
+    """Relays of one table that serve different targets (a rolling deploy that adds
+    one) lease each target's partitions apart: none holds back another's rows."""
+    plain, audit, both = await workers(backend, 3)
+    alone = await plain.heartbeat("plain", partitions=10, lease_seconds=LEASE)
+    assert alone == Assignment(frozenset(range(10)), 1, served=SERVED)
+    first = await audit.heartbeat("audit", partitions=10, lease_seconds=LEASE, target="partner")
+    assert first == Assignment(frozenset(range(10)), 1, served={"default", "partner"})
+    # A relay serving both shares each target with the one that serves it.
+    for turn in range(2):
+        for storage, name, targets in (
+            (plain, "plain", ["default"]), (audit, "audit", ["partner"]),
+            (both, "both", ["default", "partner"]),
+        ):  # fmt: skip
+            for target in targets:
+                found = await storage.heartbeat(
+                    name, partitions=10, lease_seconds=LEASE, target=target
+                )
+                assert found.members == 2 or turn == 0
+    held = {
+        (name, target): (await storage.heartbeat(
+            name, partitions=10, lease_seconds=LEASE, target=target)).partitions
+        for storage, name, target in (
+            (plain, "plain", "default"), (audit, "audit", "partner"),
+            (both, "both", "default"), (both, "both", "partner"),
+        )
+    }  # fmt: skip
+    assert held[("plain", "default")] | held[("both", "default")] == set(range(10))
+    assert not held[("plain", "default")] & held[("both", "default")]
+    assert held[("audit", "partner")] | held[("both", "partner")] == set(range(10))
+    assert not held[("audit", "partner")] & held[("both", "partner")]
+    assert {len(p) for p in held.values()} == {5}
+    await both.leave("both")
+    back = await audit.heartbeat("audit", partitions=10, lease_seconds=LEASE, target="partner")
+    assert back.partitions == frozenset(range(10))
+
+
+async def test_settle_is_fenced_by_the_partitions_of_the_row_s_own_target(
+    backend: Backend,
+) -> None:
+    await write(backend, msg("k"), msg("k", targets="partner"), msg(None, targets="partner"))
+    default, partner, keyless = await backend.storage.read(limit=10)
+    assert (default.target, partner.target) == ("default", "partner")
+    await hold_everything(backend, "w1")  # every partition of the default target
+    settled = await backend.storage.settle("w1", published=[default.seq, partner.seq])
+    assert settled == Settled(published=1)  # not the partner row: w1 holds none of its
+    other = backend.storage if isinstance(backend.storage, MemoryStorage) else (
+        await backend.another()
+    )  # fmt: skip
+    await other.heartbeat("w2", partitions=64, lease_seconds=LEASE, target="partner")
+    assert await backend.storage.settle("w1", published=[keyless.seq]) == Settled()
+    settled = await other.settle("w2", published=[partner.seq, keyless.seq])
+    assert settled == Settled(published=2)
+    assert await backend.storage.read(limit=10) == []
 
 
 async def test_heartbeats_follow_the_partition_count(backend: Backend) -> None:
     storage = backend.storage
-    everything = Assignment(frozenset(range(10)), 1)
+    everything = Assignment(frozenset(range(10)), 1, served=SERVED)
     assert await storage.heartbeat("w1", partitions=10, lease_seconds=LEASE) == everything
     assert await storage.heartbeat("w1", partitions=10, lease_seconds=LEASE) == everything
     fewer = await storage.heartbeat("w1", partitions=4, lease_seconds=LEASE)
-    assert fewer == Assignment(frozenset(range(4)), 1)  # rows 4..9 are left alone
+    assert fewer == Assignment(frozenset(range(4)), 1, served=SERVED)  # rows 4..9 are left alone
     assert await storage.heartbeat("w1", partitions=10, lease_seconds=LEASE) == everything
 
 
@@ -476,9 +536,15 @@ def in_flight(*messages: StoredMessage) -> list[StoredMessage]:
     return list(messages)
 
 
-async def hold_everything(backend: Backend, worker: str = "w1") -> None:
-    assignment = await backend.storage.heartbeat(worker, partitions=64, lease_seconds=LEASE)
-    assert assignment.partitions == frozenset(range(64))
+async def hold_everything(
+    backend: Backend, worker: str = "w1", targets: tuple[str, ...] = (DEFAULT_TARGET,)
+) -> None:
+    """Make `worker` the holder of every partition of `targets`."""
+    for target in targets:
+        assignment = await backend.storage.heartbeat(
+            worker, partitions=64, lease_seconds=LEASE, target=target
+        )
+        assert assignment.partitions == frozenset(range(64))
 
 
 async def test_a_read_writes_nothing_and_keeps_key_order(backend: Backend) -> None:
@@ -607,11 +673,11 @@ async def test_busy_partitions_drain_before_they_are_given_back(backend: Backend
     await first.heartbeat("w1", partitions=10, lease_seconds=LEASE)
     assert (await second.heartbeat("w2", partitions=10, lease_seconds=LEASE)).partitions == set()
     kept = await first.heartbeat("w1", partitions=10, lease_seconds=LEASE, busy={7, 9})
-    assert kept == Assignment(frozenset({0, 1, 2, 3, 4, 7, 9}), 2, frozenset({7, 9}))
+    assert kept == Assignment(frozenset({0, 1, 2, 3, 4, 7, 9}), 2, frozenset({7, 9}), served=SERVED)
     taken = await second.heartbeat("w2", partitions=10, lease_seconds=LEASE)
     assert taken.partitions == {5, 6, 8}
     drained = await first.heartbeat("w1", partitions=10, lease_seconds=LEASE, busy={9})
-    assert drained == Assignment(frozenset({0, 1, 2, 3, 4, 9}), 2, frozenset({9}))
+    assert drained == Assignment(frozenset({0, 1, 2, 3, 4, 9}), 2, frozenset({9}), served=SERVED)
     assert (await second.heartbeat("w2", partitions=10, lease_seconds=LEASE)).partitions == {
         5, 6, 7, 8,
     }  # fmt: skip
@@ -796,7 +862,7 @@ async def test_random_histories_keep_every_key_in_order(backend: Backend, seed: 
 
 
 async def test_abandoned_rows_are_listed_newest_first_with_their_error(backend: Backend) -> None:
-    await hold_everything(backend)
+    await hold_everything(backend, targets=("default", "partner"))
     before = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=5)
     await write(backend, msg("a"), msg("b"), msg(None), msg("c", targets=["partner"]))
     read = {m.key: m for m in await backend.storage.read(limit=10)}

@@ -40,7 +40,8 @@ async def _fill(url: str, table: str) -> dict[str, int]:
         messages = [Message(topic="orders", key="a"), Message(topic="orders", key="b"),
                     Message(topic="orders", key="c", targets=["partner"])]  # fmt: skip
         await storage.write(routing.rows(messages))
-        await storage.heartbeat("w1", partitions=64, lease_seconds=30)
+        for target in ("default", "partner"):
+            await storage.heartbeat("w1", partitions=64, lease_seconds=30, target=target)
         seqs = {m.key or "": m.seq for m in await storage.read(limit=10)}
         failures = [Failure(seqs["a"], "NOT_FOUND: no stream"), Failure(seqs["c"], "too large")]
         await storage.settle("w1", abandoned=failures)

@@ -64,6 +64,11 @@ def relay_of(
     )
 
 
+def held_by(relay: Relay, target: str = "default") -> frozenset[int]:
+    """The partitions of `target` that `relay` holds in its one database."""
+    return (relay.processors[0].partitions or {}).get(target, frozenset())
+
+
 class _Passthrough:
     """A connection of a relay's that a subclass cuts, or watches, for some calls."""
 
@@ -695,10 +700,10 @@ async def test_partitions_in_flight_drain_before_a_joining_relay_takes_them(
     async with relay_of(db, first, settings) as running:
         await eventually(lambda: len(first.attempts) >= 20)
         async with relay_of(db, second, settings) as joined:
-            await eventually(lambda: len(running.processors[0].partitions or ()) < 8)
+            await eventually(lambda: len(held_by(running)) < 8)
             first.heal()
             await eventually(lambda: len(first.published) + len(second.published) >= 400)
-            await eventually(lambda: all(p.partitions for p in joined.processors))
+            await eventually(lambda: held_by(joined))
     ids = [m.id for m in first.published + second.published]
     assert len(ids) == len(set(ids)) == 400
     assert second.published, "the second relay took partitions over"
@@ -750,7 +755,7 @@ async def test_a_read_that_spans_a_rebalance_publishes_nothing_given_away(
         await asyncio.wait_for(began.wait(), 15)  # a read of all 8 partitions is under way
         monkeypatch.undo()
         async with relay_of(db, second, fast_settings(batch_size=100)) as joined:
-            await eventually(lambda: len(running.processors[0].partitions or ()) < 8)
+            await eventually(lambda: len(held_by(running)) < 8)
             await eventually(lambda: len(second.published) > 0)
             gate.set()
             await eventually(lambda: len(first.published) + len(second.published) >= 400)
@@ -760,4 +765,4 @@ async def test_a_read_that_spans_a_rebalance_publishes_nothing_given_away(
     both = sorted(first.published + second.published, key=lambda m: m.seq)
     for key, order in per_key(both).items():
         assert order == list(range(10)), key
-    assert joined.processors[0].partitions
+    assert held_by(joined)

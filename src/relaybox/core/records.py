@@ -164,6 +164,8 @@ class OutboxStats:
     counts: Mapping[Status, int]
     oldest_pending_age: float | None
     active_leases: int
+    #: Rows still to deliver (pending, processing or failed), per target.
+    live_by_target: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def pending(self) -> int:
@@ -185,14 +187,17 @@ class OutboxStats:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Assignment:
-    """The partitions one relay process holds after a heartbeat, and how many are alive.
+    """The partitions of one target that a relay process holds after a heartbeat, and
+    how many live relays serve that target.
 
     `draining` (a subset of `partitions`) are held only until the rows in flight there
-    are settled: read nothing more from them (see `Rebalance`)."""
+    are settled: read nothing more from them (see `Rebalance`). `served` are the targets
+    that some live relay of the table serves (rows of any other target wait for one)."""
 
     partitions: frozenset[int]
     members: int
     draining: frozenset[int] = frozenset()
+    served: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -85,13 +85,20 @@ class RelayCollector(Collector):
         flying = GaugeMetricFamily(
             "relaybox_relay_batches_in_flight", "Batches being published or settled", labels=labels
         )
+        unserved = GaugeMetricFamily(
+            "relaybox_outbox_unserved_messages",
+            "Rows waiting for a target that no live relay of the table serves, as last counted",
+            labels=["database", "target"],
+        )
         for processor in relay.processors:
+            for target, count in processor.unserved.items():
+                unserved.add_metric([processor.name, target], count)
             for outcome in _SETTLED:
                 settled.add_metric([processor.name, outcome], getattr(processor.metrics, outcome))
-            if processor.partitions is not None:
-                held.add_metric([processor.name], len(processor.partitions))
+            if processor.partitions_held is not None:
+                held.add_metric([processor.name], processor.partitions_held)
             flying.add_metric([processor.name], processor.in_flight)
-        yield from (settled, held, flying)
+        yield from (settled, held, flying, unserved)
 
     def _outbox_metrics(self) -> Iterator[Metric]:
         labels = ["database"]

@@ -48,13 +48,14 @@ def _database(
 ) -> dict[str, Any]:
     return {
         "url": url,
-        "partitions_held": None if processor.partitions is None else len(processor.partitions),
+        "partitions_held": processor.partitions_held,
         "partition_count": relay.settings.partitions,
         "batches_in_flight": processor.in_flight,
         "last_heartbeat_seconds_ago": (
             None if processor.heartbeat_at is None else now - processor.heartbeat_at
         ),
         "counters": dataclasses.asdict(processor.metrics),
+        "unserved_targets": dict(processor.unserved),
         "outbox": _sample(processor.stats_sample, now),
     }
 
@@ -67,6 +68,7 @@ def _sample(sample: StatsSample | None, now: float) -> dict[str, Any] | None:
         "counts": None if stats is None else stats.by_status(),
         "oldest_pending_age_seconds": None if stats is None else stats.oldest_pending_age,
         "active_leases": None if stats is None else stats.active_leases,
+        "live_by_target": None if stats is None else dict(stats.live_by_target),
         "sample_age_seconds": sample.age(now),
         "error": sample.error,
     }

@@ -263,6 +263,12 @@ class Relay:
                     f"{processor.name}: the last partition heartbeat succeeded "
                     f"{now - processor.heartbeat_at:.0f} s ago (the lease is {lease:g} s)"
                 )
+        for processor in self.processors:
+            for target, count in processor.unserved.items():
+                problems.append(
+                    f"{processor.name}: {count} rows wait for target {target}, "
+                    "which no live relay of the table serves"
+                )
         for target, state in self.circuit_states().items():
             if state is CircuitState.OPEN:
                 problems.append(f"target {target}: circuit open (the broker keeps failing)")

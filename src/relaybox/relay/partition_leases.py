@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from relaybox.core.records import Claim, StoredMessage
+from relaybox.core.records import Claim, OutboxStats, StoredMessage
 from relaybox.errors import RelayboxError
 from relaybox.ports import PartitionStorage
 from relaybox.relay.delivery import Settlement
@@ -33,12 +33,18 @@ logger = logging.getLogger(__name__)
 class PartitionLeaseProcessor(Processor[PartitionStorage]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: What reads pass as `partitions`: None for all, [] for none (not yet held).
-        self._scope: list[int] | None = []
+        #: Per target, what reads pass as `partitions`: None for all, [] (or no entry)
+        #: for none (not yet held).
+        self._scope: dict[str, list[int] | None] = {}
         self._flight = _InFlightRows()
         #: Until when (time.monotonic) the partitions are surely ours: the start of the
-        #: last successful heartbeat plus the partition lease.
+        #: oldest of the last successful heartbeats of each target, plus the lease.
         self._held_until = 0.0
+        #: Per target, when (time.monotonic) its last successful heartbeat started.
+        self._renewed_at: dict[str, float] = {}
+        #: The targets some live relay of the table serves, as the last heartbeat saw.
+        self.served: frozenset[str] = frozenset()
+        self.partitions = {}  # none held until the first heartbeat
         self._guards: set[asyncio.Timeout] = set()
         #: Set while no heartbeat runs (see `_claim`).
         self._between_heartbeats = asyncio.Event()
@@ -52,7 +58,10 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         return self._held_until - self._settings.partition_lease_seconds
 
     def _tasks_of_mode(self) -> list[asyncio.Task[None]]:
-        return [asyncio.create_task(self._heartbeat_loop(), name=f"relay-heartbeats-{self.name}")]
+        return [
+            asyncio.create_task(self._heartbeat_loop(), name=f"relay-heartbeats-{self.name}"),
+            asyncio.create_task(self._watch_targets(), name=f"relay-targets-{self.name}"),
+        ]
 
     async def _left(self) -> None:
         with contextlib.suppress(RelayboxError):
@@ -61,25 +70,37 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
     # -- reading -----------------------------------------------------------------------
 
     async def _claim(self, targets: list[str]) -> Claim | None:
-        """Read the next batch of the partitions held. A heartbeat that runs meanwhile
-        does not count the rows being read as in flight, and may give their partitions
-        away: the batch keeps only the rows of partitions still held once no heartbeat
-        runs (and it goes in flight before the next one can start), so the next owner
-        is the only one to publish the rest."""
-        if self._scope == []:
-            return None  # no partition held (yet): nothing is ours to read
+        """Read the next batch of the partitions held, of each target. Targets whose
+        relays hold the same partitions are read together; each set of partitions takes
+        a read of its own. A heartbeat that runs meanwhile does not count the rows being
+        read as in flight, and may give their partitions away: the batch keeps only the
+        rows of partitions still held once no heartbeat runs (and it goes in flight
+        before the next one can start), so the next owner is the only one to publish
+        the rest."""
+        groups: dict[tuple[int, ...] | None, list[str]] = {}
+        for target in targets:
+            scope = self._scope.get(target, [])
+            if scope != []:  # [] (or none yet): no partition of it held
+                groups.setdefault(None if scope is None else tuple(scope), []).append(target)
+        if not groups:
+            return None  # nothing is ours to read (yet)
         settings = self._settings
-        messages = await self._db.claims.read(
-            limit=settings.batch_size,
-            partitions=self._scope,
-            targets=targets,
-            partition_count=settings.partitions,
-            in_flight=self._flight.messages(),
-        )
+        in_flight = self._flight.messages()
+        messages: list[StoredMessage] = []
+        for partitions, group in groups.items():
+            messages += await self._db.claims.read(
+                limit=settings.batch_size,
+                partitions=None if partitions is None else list(partitions),
+                targets=group,
+                partition_count=settings.partitions,
+                in_flight=in_flight,
+            )
+        if len(groups) > 1:
+            messages.sort(key=lambda m: m.seq)
         await self._between_heartbeats.wait()
-        held = self.partitions or frozenset()
-        if len(held) < settings.partitions:
-            messages = [m for m in messages if m.partition in held]
+        held = self.partitions or {}
+        if any(len(held.get(t, ())) < settings.partitions for t in targets):
+            messages = [m for m in messages if m.partition in held.get(m.target, ())]
         return Claim("", self.worker, messages)
 
     def _launched(self, claim: Claim) -> None:
@@ -160,44 +181,96 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
 
     async def _heartbeat_loop(self) -> None:
         settings = self._settings
-        last_ok = time.monotonic()
+        begun = time.monotonic()
         while not self._stopping.is_set():
-            started = time.monotonic()
             self._between_heartbeats.clear()
             try:
-                assignment = await self._db.housekeeping.heartbeat(
-                    self.worker,
-                    partitions=settings.partitions,
-                    lease_seconds=settings.partition_lease_seconds,
-                    busy=self._flight.partitions(),
-                )
-            except RelayboxError as error:
-                logger.warning("heartbeat failed: %s", error, extra={"action": "heartbeat"})
-                if time.monotonic() - last_ok > settings.partition_lease_seconds * 0.9:
-                    self._assign(frozenset())  # others may own them by now
-            else:
-                last_ok = started
-                self.metrics.heartbeats += 1
-                self._held_until = started + settings.partition_lease_seconds
-                self._extend_guards()
-                self._assign(assignment.partitions - assignment.draining)
+                for target in self._targets:
+                    await self._heartbeat(target, begun)
             finally:
                 self._between_heartbeats.set()
             await self._sleep(settings.heartbeat_interval)
 
-    def _assign(self, partitions: frozenset[int]) -> None:
-        """Read from `partitions` from now on (draining ones are already left out)."""
-        if partitions != self.partitions:
+    async def _heartbeat(self, target: str, begun: float) -> None:
+        """Renew and rebalance `target`'s partitions (`begun`: when the loop started)."""
+        settings = self._settings
+        started = time.monotonic()
+        try:
+            assignment = await self._db.housekeeping.heartbeat(
+                self.worker,
+                partitions=settings.partitions,
+                lease_seconds=settings.partition_lease_seconds,
+                busy=self._flight.partitions(target),
+                target=target,
+            )
+        except RelayboxError as error:
+            logger.warning("heartbeat of target %s failed: %s", target, error,
+                           extra={"action": "heartbeat", "target": target})  # fmt: skip
+            last_ok = self._renewed_at.get(target, begun)
+            if time.monotonic() - last_ok > settings.partition_lease_seconds * 0.9:
+                self._assign(target, frozenset())  # others may own them by now
+        else:
+            self.metrics.heartbeats += 1
+            self._renewed_at[target] = started
+            self.served = assignment.served
+            self._assign(target, assignment.partitions - assignment.draining)
+        self._hold()
+
+    def _hold(self) -> None:
+        """Work out until when the rows of every batch in flight, and of every partition
+        held, are surely ours: the oldest renewal among the targets that hold
+        partitions or have rows in flight (a batch mixes targets)."""
+        if not self._renewed_at:
+            return
+        held, busy = self.partitions or {}, self._flight.targets()
+        starts = [self._renewed_at.get(t, 0.0) for t in self._targets if held.get(t) or t in busy]
+        start = min(starts) if starts else max(self._renewed_at.values())
+        self._held_until = start + self._settings.partition_lease_seconds
+        self._extend_guards()
+
+    def _assign(self, target: str, partitions: frozenset[int]) -> None:
+        """Read `target`'s rows from `partitions` from now on (draining ones are already
+        left out)."""
+        held = self.partitions if self.partitions is not None else {}
+        if partitions != held.get(target):
             logger.info(
-                "%s holds %d partitions", self.worker, len(partitions),
-                extra={"action": "rebalance", "partitions": sorted(partitions)},
+                "%s holds %d partitions of target %s", self.worker, len(partitions), target,
+                extra={"action": "rebalance", "target": target, "partitions": sorted(partitions)},
             )  # fmt: skip
-            self.partitions = partitions
+            self.partitions = {**held, target: partitions}
             # Holding all of them, a read takes no partition filter.
             held_all = len(partitions) >= self._settings.partitions
-            self._scope = None if held_all else sorted(partitions)
+            self._scope[target] = None if held_all else sorted(partitions)
             self.wake()
         self._claiming.set()
+
+    # -- targets nobody serves ---------------------------------------------------------
+
+    async def _watch_targets(self) -> None:
+        """Count the table's rows per target every cleanup interval (or as often as the
+        counts are sampled anyway), to find rows of targets no live relay serves."""
+        every = self._settings.cleanup_interval
+        while not self._stopping.is_set():
+            await self._sleep(every)
+            if not self._stopping.is_set():
+                await self.refresh_stats(max_age=every, wait=every)
+
+    def _counted(self, stats: OutboxStats) -> None:
+        """Rows of a target that no live relay of the table serves wait until one that
+        does starts: say so, as nothing else would."""
+        unserved = {
+            target: count
+            for target, count in sorted(stats.live_by_target.items())
+            if count and target not in self.served
+        }
+        if unserved and self.served:  # (no heartbeat yet: nothing known of the others)
+            logger.warning(
+                "rows wait for targets that no live relay of table %s serves: %s; start "
+                "a relay with --broker NAME=URL for each", self._db.housekeeping.table,
+                ", ".join(f"{t} ({n} rows)" for t, n in unserved.items()),
+                extra={"action": "unserved_targets", "targets": unserved},
+            )  # fmt: skip
+        self.unserved = unserved if self.served else {}
 
 
 class _InFlightRows:
@@ -215,5 +288,10 @@ class _InFlightRows:
     def messages(self) -> list[StoredMessage]:
         return [m for batch in self._batches for m in batch]
 
-    def partitions(self) -> frozenset[int]:
-        return frozenset(m.partition for batch in self._batches for m in batch)
+    def targets(self) -> frozenset[str]:
+        return frozenset(m.target for batch in self._batches for m in batch)
+
+    def partitions(self, target: str) -> frozenset[int]:
+        """The partitions of `target` with rows in flight."""
+        return frozenset(m.partition for batch in self._batches for m in batch
+                         if m.target == target)  # fmt: skip

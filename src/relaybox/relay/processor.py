@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Generic, TypeVar
 
 from relaybox.core.circuit import CircuitBreaker, CircuitState
-from relaybox.core.records import Claim
+from relaybox.core.records import Claim, OutboxStats
 from relaybox.core.signals import StatsSample, TargetCounters
 from relaybox.errors import RelayboxError
 from relaybox.ports import OperatorStorage, Publisher, Storage
@@ -86,8 +86,9 @@ class Processor(abc.ABC, Generic[P]):
         self.name = name
         self.worker = worker
         self.metrics = ProcessorMetrics()
-        #: The partitions this relay holds (None: every one, leasing rows instead).
-        self.partitions: frozenset[int] | None = None
+        #: The partitions this relay holds, per target (None: every one, leasing rows
+        #: instead).
+        self.partitions: Mapping[str, frozenset[int]] | None = None
         self._db = connections
         self._publishers = publishers
         self._targets = sorted(publishers)
@@ -114,6 +115,9 @@ class Processor(abc.ABC, Generic[P]):
         #: housekeeping one, where a count over a large table would hold up heartbeats.
         self._open_stats = stats_connection
         self._stats_storage: OperatorStorage | None = None
+        #: Rows waiting per target that no live relay of the table serves, as last
+        #: counted (a relay holding partitions finds them; see `_counted`).
+        self.unserved: dict[str, int] = {}
 
     # -- what each way of holding rows supplies ---------------------------------------
 
@@ -155,6 +159,13 @@ class Processor(abc.ABC, Generic[P]):
 
     def wake(self) -> None:
         self._waker.wake()
+
+    @property
+    def partitions_held(self) -> int | None:
+        """How many partitions this relay holds, over its targets (None: it leases rows)."""
+        if self.partitions is None:
+            return None
+        return sum(len(held) for held in self.partitions.values())
 
     @property
     def in_flight(self) -> int:
@@ -224,6 +235,10 @@ class Processor(abc.ABC, Generic[P]):
                            extra={"action": "stats"})  # fmt: skip
         else:
             self.stats_sample = StatsSample(stats, time.monotonic())
+            self._counted(stats)
+
+    def _counted(self, stats: OutboxStats) -> None:
+        """The table's counts were just read."""
 
     def sample_stats(self, every: float) -> None:
         """Read the table's counts every `every` seconds from now on (for exporters

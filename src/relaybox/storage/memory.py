@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 
 from relaybox.core.identifiers import DEFAULT_TABLE, validate_table_name
 from relaybox.core.lifecycle import LIVE_STATES, Status
+from relaybox.core.message import DEFAULT_TARGET
 from relaybox.core.partitions import DEFAULT_PARTITIONS, rebalance, require_partitions
 from relaybox.core.records import (
     AbandonedMessage,
@@ -132,8 +133,9 @@ class MemoryStorage:
         self._clock = clock
         self._seqs = itertools.count(1)
         self._rows: dict[int, _Row] = {}  # insertion order is seq order
-        self._members: dict[str, float] = {}  # worker -> lease_until
-        self._owners: dict[int, tuple[str, float]] = {}  # partition -> (owner, lease_until)
+        self._members: dict[tuple[str, str], float] = {}  # (worker, target) -> lease_until
+        #: (target, partition) -> (owner, lease_until)
+        self._owners: dict[tuple[str, int], tuple[str, float]] = {}
         self._lock = threading.Lock()
 
     def insert(self, rows: Sequence[InsertRow]) -> list[int]:
@@ -245,7 +247,7 @@ class MemoryStorage:
                 row = self._rows.get(seq)
                 if row is None or row.status not in LIVE_STATES:
                     return None
-                return row if row.partition % count in held else None
+                return row if (row.target, row.partition % count) in held else None
 
             failures = 0
             for failure in failed:
@@ -415,42 +417,56 @@ class MemoryStorage:
             waiting = [r.available_at for r in rows
                        if r.status in (Status.PENDING, Status.FAILED) and r.due(now)]  # fmt: skip
             leases = sum(1 for r in rows if r.status is Status.PROCESSING and not r.due(now))
+            targets = collections.Counter(r.target for r in rows if r.status in LIVE_STATES)
         oldest = now - min(waiting) if waiting else None
-        return OutboxStats(counts=dict(counts), oldest_pending_age=oldest, active_leases=leases)
+        return OutboxStats(
+            counts=dict(counts), oldest_pending_age=oldest, active_leases=leases,
+            live_by_target=dict(targets),
+        )  # fmt: skip
 
     async def heartbeat(
-        self, worker: str, *, partitions: int, lease_seconds: float, busy: Collection[int] = ()
+        self,
+        worker: str,
+        *,
+        partitions: int,
+        lease_seconds: float,
+        busy: Collection[int] = (),
+        target: str = DEFAULT_TARGET,
     ) -> Assignment:
         count = require_partitions(partitions)
         with self._lock:
             now = self._clock()
             until = now + float(lease_seconds)
-            live = self._join(worker, now, until)
-            held = [p for p, (owner, _) in self._owners.items() if owner == worker]
-            self._owners.update((p, (worker, until)) for p in held)
+            live = self._join(worker, target, now, until)
+            served = frozenset(t for (_, t) in self._members)
+            held = [p for (t, p), (owner, _) in self._owners.items()
+                    if t == target and owner == worker]  # fmt: skip
+            self._owners.update(((target, p), (worker, until)) for p in held)
             plan = rebalance(held, count, live, busy)
             for partition in plan.release:
-                del self._owners[partition]
-            taken = [p for p in range(count) if self._free(p, now)][: plan.wanted]
-            self._owners.update((p, (worker, until)) for p in taken)
+                del self._owners[target, partition]
+            taken = [p for p in range(count) if self._free(target, p, now)][: plan.wanted]
+            self._owners.update(((target, p), (worker, until)) for p in taken)
         return Assignment(
-            frozenset([*plan.keep, *plan.draining, *taken]), live, frozenset(plan.draining)
-        )
+            frozenset([*plan.keep, *plan.draining, *taken]), live, frozenset(plan.draining),
+            served,
+        )  # fmt: skip
 
-    def _join(self, worker: str, now: float, until: float) -> int:
-        """End dead memberships, renew `worker`'s; the number alive. Call under the lock."""
-        self._members = {w: t for w, t in self._members.items() if t > now}
-        self._members[worker] = until
-        return sum(1 for t in self._members.values() if t > now)
+    def _join(self, worker: str, target: str, now: float, until: float) -> int:
+        """End dead memberships, renew `worker`'s of `target`; how many live ones serve
+        `target`. Call under the lock."""
+        self._members = {m: t for m, t in self._members.items() if t > now}
+        self._members[worker, target] = until
+        return sum(1 for (_, t) in self._members if t == target)
 
-    def _free(self, partition: int, now: float) -> bool:
+    def _free(self, target: str, partition: int, now: float) -> bool:
         """No owner, or its lease has run out; call under the lock."""
-        owner = self._owners.get(partition)
+        owner = self._owners.get((target, partition))
         return owner is None or owner[1] <= now
 
     async def leave(self, worker: str) -> None:
         with self._lock:
-            self._members.pop(worker, None)
+            self._members = {m: t for m, t in self._members.items() if m[0] != worker}
             self._owners = {p: o for p, o in self._owners.items() if o[0] != worker}
 
     async def close(self) -> None:

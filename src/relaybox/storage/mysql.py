@@ -217,20 +217,23 @@ class MySQLStorage(SqlStorage):
 
     # -- heartbeats: no UPDATE ... RETURNING ------------------------------------------
 
-    async def _create_partitions(self, session: Session, count: int) -> None:
-        if int(await session.one("partitions_count", count)) < count:
-            await session.execute("partitions_create", json.dumps(list(range(count))))
+    async def _create_partitions(self, session: Session, count: int, target: str) -> None:
+        if int(await session.one("partitions_count", count, target)) < count:
+            await session.execute("partitions_create", json.dumps(list(range(count))), target)
 
-    async def _renew_partitions(self, session: Session, worker: str, lease: float) -> list[int]:
-        await session.execute("partitions_renew", worker, lease)
-        return [int(p) for (p,) in await session.fetch("partitions_held", worker)]
+    async def _renew_partitions(
+        self, session: Session, worker: str, lease: float, target: str
+    ) -> list[int]:
+        await session.execute("partitions_renew", worker, lease, target)
+        return [int(p) for (p,) in await session.fetch("partitions_held", worker, target)]
 
     async def _take_partitions(
-        self, session: Session, worker: str, lease: float, count: int, wanted: int
+        self, session: Session, worker: str, lease: float, count: int, wanted: int, target: str
     ) -> list[int]:
-        taken = [int(p) for (p,) in await session.fetch("partitions_free", count, wanted)]
+        found = await session.fetch("partitions_free", count, wanted, target)
+        taken = [int(p) for (p,) in found]
         if taken:
-            await session.execute("partitions_take", worker, lease, Seqs(taken))
+            await session.execute("partitions_take", worker, lease, Seqs(taken), target)
         return taken
 
     # -- the claim and the owned read -------------------------------------------------

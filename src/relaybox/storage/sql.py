@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.lifecycle import Status
+from relaybox.core.message import DEFAULT_TARGET
 from relaybox.core.partitions import DEFAULT_PARTITIONS, rebalance, require_partitions
 from relaybox.core.records import (
     AbandonedMessage,
@@ -239,40 +240,55 @@ class SqlStorage(abc.ABC):
         return await self._run(run, atomic=len(todo) > 1)
 
     async def heartbeat(
-        self, worker: str, *, partitions: int, lease_seconds: float, busy: Collection[int] = ()
+        self,
+        worker: str,
+        *,
+        partitions: int,
+        lease_seconds: float,
+        busy: Collection[int] = (),
+        target: str = DEFAULT_TARGET,
     ) -> Assignment:
         count, lease = require_partitions(partitions), float(lease_seconds)
 
         async def beat(session: Session) -> Assignment:
             await session.execute("members_expire")
-            await session.execute("member_join", worker, lease)
-            await self._create_partitions(session, count)
-            live = int(await session.one("members_live"))
-            held = await self._renew_partitions(session, worker, lease)
+            await session.execute("member_join", worker, lease, target)
+            await self._create_partitions(session, count, target)
+            live = int(await session.one("members_live", target))
+            served = frozenset(str(t) for (t,) in await session.fetch("members_targets"))
+            held = await self._renew_partitions(session, worker, lease, target)
             plan = rebalance(held, count, live, busy)
             if plan.release:
-                await session.execute("partitions_release", worker, Seqs(plan.release))
+                await session.execute("partitions_release", worker, Seqs(plan.release), target)
             taken = []
             if plan.wanted:
-                taken = await self._take_partitions(session, worker, lease, count, plan.wanted)
+                taken = await self._take_partitions(
+                    session, worker, lease, count, plan.wanted, target
+                )
             return Assignment(
-                frozenset([*plan.keep, *plan.draining, *taken]), live, frozenset(plan.draining)
-            )
+                frozenset([*plan.keep, *plan.draining, *taken]), live, frozenset(plan.draining),
+                served,
+            )  # fmt: skip
 
         return await self._run(beat, atomic=True)
 
-    async def _create_partitions(self, session: Session, count: int) -> None:
-        await session.execute("partitions_create", count)
+    async def _create_partitions(self, session: Session, count: int, target: str) -> None:
+        await session.execute("partitions_create", count, target)
 
-    async def _renew_partitions(self, session: Session, worker: str, lease: float) -> list[int]:
-        """Extend the lease of every partition `worker` holds; those partitions."""
-        return [int(p) for (p,) in await session.fetch("partitions_renew", worker, lease)]
+    async def _renew_partitions(
+        self, session: Session, worker: str, lease: float, target: str
+    ) -> list[int]:
+        """Extend the lease of every partition of `target` that `worker` holds; those
+        partitions."""
+        found = await session.fetch("partitions_renew", worker, lease, target)
+        return [int(p) for (p,) in found]
 
     async def _take_partitions(
-        self, session: Session, worker: str, lease: float, count: int, wanted: int
+        self, session: Session, worker: str, lease: float, count: int, wanted: int, target: str
     ) -> list[int]:
-        """Take up to `wanted` free or expired partitions, lowest first; those taken."""
-        found = await session.fetch("partitions_take", worker, lease, count, wanted)
+        """Take up to `wanted` free or expired partitions of `target`, lowest first; those
+        taken."""
+        found = await session.fetch("partitions_take", worker, lease, count, wanted, target)
         return [int(p) for (p,) in found]
 
     async def leave(self, worker: str) -> None:
@@ -343,10 +359,12 @@ class SqlStorage(abc.ABC):
             counts = await session.fetch("count_by_status")
             age = await session.one("oldest_pending_age")
             leases = await session.one("active_leases")
+            targets = await session.fetch("live_by_target")
             return OutboxStats(
                 counts={Status(status): int(n) for status, n in counts},
                 oldest_pending_age=None if age is None else max(0.0, float(age)),
                 active_leases=int(leases),
+                live_by_target={str(target): int(n) for target, n in targets},
             )
 
         return await self._run(read)

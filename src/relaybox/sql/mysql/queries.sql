@@ -109,7 +109,8 @@ SET o.status = 'failed', o.attempts = o.attempts + 1, o.last_error = f.error,
     o.available_at = UTC_TIMESTAMP(6) + INTERVAL ROUND(f.retry_in * 1000000) MICROSECOND,
     o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
 WHERE o.status IN ('pending', 'processing', 'failed')
-  AND MOD(o.`partition`, $3) IN (SELECT `partition` FROM {table}_partitions WHERE owner = $2);
+  AND (o.target, MOD(o.`partition`, $3)) IN (
+      SELECT target, `partition` FROM {table}_partitions WHERE owner = $2);
 
 -- name: abandon_owned
 -- $1 failures JSON [[seq, error], ...], $2 worker, $3 partition count.
@@ -122,13 +123,15 @@ SET o.status = 'abandoned', o.attempts = o.attempts + 1, o.last_error = f.error,
     o.abandoned_at = UTC_TIMESTAMP(6),
     o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
 WHERE o.status IN ('pending', 'processing', 'failed')
-  AND MOD(o.`partition`, $3) IN (SELECT `partition` FROM {table}_partitions WHERE owner = $2);
+  AND (o.target, MOD(o.`partition`, $3)) IN (
+      SELECT target, `partition` FROM {table}_partitions WHERE owner = $2);
 
 -- name: delete_owned
 -- $1 seqs, $2 worker, $3 partition count.
 DELETE FROM {table}
 WHERE seq IN ($1) AND status IN ('pending', 'processing', 'failed')
-  AND MOD(`partition`, $3) IN (SELECT `partition` FROM {table}_partitions WHERE owner = $2);
+  AND (target, MOD(`partition`, $3)) IN (
+      SELECT target, `partition` FROM {table}_partitions WHERE owner = $2);
 
 -- name: publish_owned
 -- $1 seqs, $2 worker, $3 partition count.
@@ -136,7 +139,8 @@ UPDATE {table}
 SET status = 'published', published_at = UTC_TIMESTAMP(6),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
 WHERE seq IN ($1) AND status IN ('pending', 'processing', 'failed')
-  AND MOD(`partition`, $3) IN (SELECT `partition` FROM {table}_partitions WHERE owner = $2);
+  AND (target, MOD(`partition`, $3)) IN (
+      SELECT target, `partition` FROM {table}_partitions WHERE owner = $2);
 
 -- The row-lease marks: each changes only rows still in processing under the claim's
 -- token.
@@ -226,6 +230,11 @@ LIMIT $3;
 -- name: count_by_status
 SELECT status, COUNT(*) FROM {table} GROUP BY status;
 
+-- name: live_by_target
+-- Rows still to deliver, per target.
+SELECT target, COUNT(*) FROM {table}
+WHERE status IN ('pending', 'processing', 'failed') GROUP BY target;
+
 -- name: oldest_pending_age
 SELECT TIMESTAMPDIFF(MICROSECOND, MIN(available_at), UTC_TIMESTAMP(6)) / 1000000
 FROM {table}
@@ -242,69 +251,76 @@ UNION ALL SELECT 1 FROM {table}_key_locks WHERE FALSE
 UNION ALL SELECT 1 FROM {table}_partitions WHERE FALSE
 UNION ALL SELECT 1 FROM {table}_members WHERE FALSE;
 
--- Partition leases. A heartbeat runs members_expire through partitions_take in one
--- transaction, in this order. Dead members go before the worker joins, so two
--- heartbeats lock member rows in one order and cannot deadlock on them. MySQL has no
--- UPDATE ... RETURNING: renewing and taking partitions are two statements each.
+-- Partition leases, per target. A heartbeat of one target runs members_expire through
+-- partitions_take in one transaction, in this order. Dead members go before the worker
+-- joins, so two heartbeats lock member rows in one order and cannot deadlock on them.
+-- MySQL has no UPDATE ... RETURNING: renewing and taking partitions are two statements
+-- each.
 
 -- name: members_expire
 DELETE FROM {table}_members WHERE lease_until < UTC_TIMESTAMP(6);
 
 -- name: member_join
--- $1 worker, $2 lease seconds.
-INSERT INTO {table}_members (worker, lease_until)
-VALUES ($1, UTC_TIMESTAMP(6) + INTERVAL ROUND($2 * 1000000) MICROSECOND)
+-- $1 worker, $2 lease seconds, $3 target.
+INSERT INTO {table}_members (worker, target, lease_until)
+VALUES ($1, $3, UTC_TIMESTAMP(6) + INTERVAL ROUND($2 * 1000000) MICROSECOND)
 ON DUPLICATE KEY UPDATE
     lease_until = UTC_TIMESTAMP(6) + INTERVAL ROUND($2 * 1000000) MICROSECOND;
 
 -- name: partitions_count
--- $1 partitions. A plain read: partitions_create runs only if rows are missing.
-SELECT COUNT(*) FROM {table}_partitions WHERE `partition` < $1;
+-- $1 partitions, $2 target. A plain read: partitions_create runs only if rows are
+-- missing.
+SELECT COUNT(*) FROM {table}_partitions WHERE target = $2 AND `partition` < $1;
 
 -- name: partitions_create
--- $1 a JSON array of partition numbers. It locks every row that already exists, which
--- would make heartbeats wait on each other, so it runs only when partitions_count says
--- some are missing. A duplicate (another heartbeat created it first) is a no-op update,
--- not an error or a warning as with INSERT IGNORE.
-INSERT INTO {table}_partitions (`partition`)
-SELECT p FROM JSON_TABLE($1, '$[*]' COLUMNS (p INT PATH '$')) AS numbers
+-- $1 a JSON array of partition numbers, $2 target. It locks every row that already
+-- exists, which would make heartbeats wait on each other, so it runs only when
+-- partitions_count says some are missing. A duplicate (another heartbeat created it
+-- first) is a no-op update, not an error or a warning as with INSERT IGNORE.
+INSERT INTO {table}_partitions (target, `partition`)
+SELECT $2, p FROM JSON_TABLE($1, '$[*]' COLUMNS (p INT PATH '$')) AS numbers
 ON DUPLICATE KEY UPDATE `partition` = `partition`;
 
 -- name: members_live
-SELECT COUNT(*) FROM {table}_members WHERE lease_until >= UTC_TIMESTAMP(6);
+-- $1 target: how many live relays serve it.
+SELECT COUNT(*) FROM {table}_members WHERE target = $1 AND lease_until >= UTC_TIMESTAMP(6);
+
+-- name: members_targets
+-- The targets some live relay serves.
+SELECT DISTINCT target FROM {table}_members WHERE lease_until >= UTC_TIMESTAMP(6);
 
 -- name: partitions_renew
--- $1 worker, $2 lease seconds.
+-- $1 worker, $2 lease seconds, $3 target.
 UPDATE {table}_partitions
 SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ROUND($2 * 1000000) MICROSECOND
-WHERE owner = $1;
+WHERE owner = $1 AND target = $3;
 
 -- name: partitions_held
--- $1 worker. After partitions_renew, whose locks keep these rows ours.
-SELECT `partition` FROM {table}_partitions WHERE owner = $1;
+-- $1 worker, $2 target. After partitions_renew, whose locks keep these rows ours.
+SELECT `partition` FROM {table}_partitions WHERE owner = $1 AND target = $2;
 
 -- name: partitions_release
--- $1 worker, $2 the partitions it gives back.
+-- $1 worker, $2 the partitions it gives back, $3 target.
 UPDATE {table}_partitions SET owner = NULL, lease_until = NULL
-WHERE owner = $1 AND `partition` IN ($2);
+WHERE owner = $1 AND target = $3 AND `partition` IN ($2);
 
 -- name: partitions_free
--- $1 partitions, $2 how many. Free or expired ones, lowest first; SKIP LOCKED passes
--- over rows another heartbeat is renewing or taking.
+-- $1 partitions, $2 how many, $3 target. Free or expired ones, lowest first; SKIP
+-- LOCKED passes over rows another heartbeat is renewing or taking.
 SELECT `partition` FROM {table}_partitions
-WHERE `partition` < $1 AND (owner IS NULL OR lease_until < UTC_TIMESTAMP(6))
+WHERE target = $3 AND `partition` < $1 AND (owner IS NULL OR lease_until < UTC_TIMESTAMP(6))
 ORDER BY `partition`
 LIMIT $2
 FOR UPDATE SKIP LOCKED;
 
 -- name: partitions_take
--- $1 worker, $2 lease seconds, $3 the partitions partitions_free locked.
+-- $1 worker, $2 lease seconds, $3 the partitions partitions_free locked, $4 target.
 UPDATE {table}_partitions
 SET owner = $1, lease_until = UTC_TIMESTAMP(6) + INTERVAL ROUND($2 * 1000000) MICROSECOND
-WHERE `partition` IN ($3);
+WHERE target = $4 AND `partition` IN ($3);
 
 -- name: partitions_leave
--- $1 worker.
+-- $1 worker: every target's partitions.
 UPDATE {table}_partitions SET owner = NULL, lease_until = NULL WHERE owner = $1;
 
 -- name: member_leave

@@ -177,8 +177,8 @@ SELECT * FROM {prefix}_read_past($1::integer - (SELECT count(*) FROM picked)::in
 WHERE (SELECT count(*) FROM picked) < $1::integer;
 
 -- The owned settle: what a relay holding partitions learned about rows it read. Each
--- statement changes only rows in a partition the worker still holds (the fence: a relay
--- that lost a partition changes nothing there); a settle that needs several runs them in
+-- statement changes only rows in a partition of their target that the worker still
+-- holds (the fence: a relay that lost a partition changes nothing there); a settle that needs several runs them in
 -- one transaction. Failures travel as one JSON array.
 
 -- name: fail_owned
@@ -190,8 +190,8 @@ SET status = 'failed', attempts = o.attempts + 1, last_error = f.error,
 FROM (SELECT (x ->> 0)::bigint AS seq, x ->> 1 AS error, (x ->> 2)::float8 AS retry_in
       FROM jsonb_array_elements($1::text::jsonb) AS x) AS f
 WHERE o.seq = f.seq
-  AND o.partition % $3::integer IN (
-      SELECT p.partition FROM {table}_partitions p WHERE p.owner = $2::text);
+  AND (o.target, o.partition % $3::integer) IN (
+      SELECT p.target, p.partition FROM {table}_partitions p WHERE p.owner = $2::text);
 
 -- name: abandon_owned
 -- $1 failures JSON [[seq, error], ...], $2 worker, $3 partition count. The rows move to
@@ -201,8 +201,8 @@ WITH finished AS (
     USING (SELECT (x ->> 0)::bigint AS seq, x ->> 1 AS error
            FROM jsonb_array_elements($1::text::jsonb) AS x) AS f
     WHERE o.seq = f.seq
-      AND o.partition % $3::integer IN (
-          SELECT p.partition FROM {table}_partitions p WHERE p.owner = $2::text)
+      AND (o.target, o.partition % $3::integer) IN (
+          SELECT p.target, p.partition FROM {table}_partitions p WHERE p.owner = $2::text)
     RETURNING o.*, f.error
 )
 INSERT INTO {table}_done (seq, status, attempts, available_at, abandoned_at, last_error,
@@ -218,8 +218,8 @@ FROM finished m;
 -- Published rows, deleted: $1 seqs (array text), $2 worker, $3 partition count.
 DELETE FROM {table} o
 WHERE o.seq = ANY($1::text::bigint[])
-  AND o.partition % $3::integer IN (
-      SELECT p.partition FROM {table}_partitions p WHERE p.owner = $2::text);
+  AND (o.target, o.partition % $3::integer) IN (
+      SELECT p.target, p.partition FROM {table}_partitions p WHERE p.owner = $2::text);
 
 -- name: publish_owned
 -- Published rows, kept under the published retention: moved to {table}_done.
@@ -227,8 +227,8 @@ WHERE o.seq = ANY($1::text::bigint[])
 WITH finished AS (
     DELETE FROM {table} o
     WHERE o.seq = ANY($1::text::bigint[])
-      AND o.partition % $3::integer IN (
-          SELECT p.partition FROM {table}_partitions p WHERE p.owner = $2::text)
+      AND (o.target, o.partition % $3::integer) IN (
+          SELECT p.target, p.partition FROM {table}_partitions p WHERE p.owner = $2::text)
     RETURNING o.*
 )
 INSERT INTO {table}_done (seq, status, attempts, available_at, published_at, last_error,
@@ -355,6 +355,10 @@ SELECT status::text, count(*) FROM (
     SELECT status FROM {table} UNION ALL SELECT status FROM {table}_done) AS rows
 GROUP BY status;
 
+-- name: live_by_target
+-- Rows still to deliver, per target (every row of {table} is live).
+SELECT target, count(*) FROM {table} GROUP BY target;
+
 -- name: oldest_pending_age
 SELECT extract(epoch FROM now() - min(available_at))::float8 FROM {table}
 WHERE status IN ('pending', 'failed') AND available_at <= now();
@@ -370,56 +374,65 @@ SELECT t FROM unnest(ARRAY['{table}', '{table}_done', '{table}_partitions',
                            '{table}_members']) AS t
 WHERE to_regclass(t) IS NULL;
 
--- Partition leases. A heartbeat runs members_expire through partitions_take in one
--- transaction, in this order. Dead members go before the worker joins, so two
--- heartbeats lock member rows in one order and cannot deadlock on them.
+-- Partition leases, per target. A heartbeat of one target runs members_expire through
+-- partitions_take in one transaction, in this order. Dead members go before the worker
+-- joins, so two heartbeats lock member rows in one order and cannot deadlock on them.
 
 -- name: members_expire
 DELETE FROM {table}_members WHERE lease_until < now();
 
 -- name: member_join
--- $1 worker, $2 lease seconds.
-INSERT INTO {table}_members (worker, lease_until)
-VALUES ($1::text, now() + $2::float8 * interval '1 second')
-ON CONFLICT (worker) DO UPDATE SET lease_until = EXCLUDED.lease_until;
+-- $1 worker, $2 lease seconds, $3 target.
+INSERT INTO {table}_members (worker, target, lease_until)
+VALUES ($1::text, $3::text, now() + $2::float8 * interval '1 second')
+ON CONFLICT (worker, target) DO UPDATE SET lease_until = EXCLUDED.lease_until;
 
 -- name: partitions_create
--- $1 partitions. Once the rows exist the anti-join finds nothing to insert.
-INSERT INTO {table}_partitions (partition)
-SELECT p FROM generate_series(0, $1::integer - 1) AS p
-WHERE NOT EXISTS (SELECT 1 FROM {table}_partitions x WHERE x.partition = p)
+-- $1 partitions, $2 target. Once the rows exist the anti-join finds nothing to insert.
+INSERT INTO {table}_partitions (target, partition)
+SELECT $2::text, p FROM generate_series(0, $1::integer - 1) AS p
+WHERE NOT EXISTS (SELECT 1 FROM {table}_partitions x WHERE x.target = $2::text
+                  AND x.partition = p)
 ON CONFLICT DO NOTHING;
 
 -- name: members_live
-SELECT count(*) FROM {table}_members WHERE lease_until >= now();
+-- $1 target: how many live relays serve it.
+SELECT count(*) FROM {table}_members WHERE target = $1::text AND lease_until >= now();
+
+-- name: members_targets
+-- The targets some live relay serves.
+SELECT DISTINCT target FROM {table}_members WHERE lease_until >= now();
 
 -- name: partitions_renew
--- $1 worker, $2 lease seconds. Returns every partition the worker holds.
+-- $1 worker, $2 lease seconds, $3 target. Returns every partition of the target the
+-- worker holds.
 UPDATE {table}_partitions
 SET lease_until = now() + $2::float8 * interval '1 second'
-WHERE owner = $1::text
+WHERE owner = $1::text AND target = $3::text
 RETURNING partition;
 
 -- name: partitions_release
--- $1 worker, $2 the partitions it gives back (array text).
+-- $1 worker, $2 the partitions it gives back (array text), $3 target.
 UPDATE {table}_partitions SET owner = NULL, lease_until = NULL
-WHERE owner = $1::text AND partition = ANY($2::text::integer[]);
+WHERE owner = $1::text AND target = $3::text AND partition = ANY($2::text::integer[]);
 
 -- name: partitions_take
--- $1 worker, $2 lease seconds, $3 partitions, $4 how many. Free or expired ones, lowest
--- first; SKIP LOCKED passes over rows another heartbeat is renewing or taking.
+-- $1 worker, $2 lease seconds, $3 partitions, $4 how many, $5 target. Free or expired
+-- ones, lowest first; SKIP LOCKED passes over rows another heartbeat is renewing or
+-- taking.
 UPDATE {table}_partitions p
 SET owner = $1::text, lease_until = now() + $2::float8 * interval '1 second'
 FROM (SELECT partition FROM {table}_partitions
-      WHERE partition < $3::integer AND (owner IS NULL OR lease_until < now())
+      WHERE target = $5::text AND partition < $3::integer
+        AND (owner IS NULL OR lease_until < now())
       ORDER BY partition
       LIMIT $4::integer
       FOR UPDATE SKIP LOCKED) AS free
-WHERE p.partition = free.partition
+WHERE p.target = $5::text AND p.partition = free.partition
 RETURNING p.partition;
 
 -- name: partitions_leave
--- $1 worker.
+-- $1 worker: every target's partitions.
 UPDATE {table}_partitions SET owner = NULL, lease_until = NULL WHERE owner = $1::text;
 
 -- name: member_leave

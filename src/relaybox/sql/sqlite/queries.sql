@@ -124,7 +124,8 @@ FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS 
              json_extract(value, '$[2]') AS retry_in
       FROM json_each(?1)) AS f
 WHERE o.seq = f.seq AND o.status IN ('pending', 'processing', 'failed')
-  AND o."partition" % ?3 IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?2);
+  AND (o.target, o."partition" % ?3) IN (
+      SELECT target, "partition" FROM {table}_partitions WHERE owner = ?2);
 
 -- name: abandon_owned
 -- ?1 failures JSON [[seq, error], ...], ?2 worker, ?3 partition count.
@@ -135,13 +136,15 @@ SET status = 'abandoned', attempts = o.attempts + 1, last_error = f.error,
 FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS error
       FROM json_each(?1)) AS f
 WHERE o.seq = f.seq AND o.status IN ('pending', 'processing', 'failed')
-  AND o."partition" % ?3 IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?2);
+  AND (o.target, o."partition" % ?3) IN (
+      SELECT target, "partition" FROM {table}_partitions WHERE owner = ?2);
 
 -- name: delete_owned
 -- ?1 seqs JSON, ?2 worker, ?3 partition count.
 DELETE FROM {table}
 WHERE seq IN (SELECT value FROM json_each(?1)) AND status IN ('pending', 'processing', 'failed')
-  AND "partition" % ?3 IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?2);
+  AND (target, "partition" % ?3) IN (
+      SELECT target, "partition" FROM {table}_partitions WHERE owner = ?2);
 
 -- name: publish_owned
 -- ?1 seqs JSON, ?2 worker, ?3 partition count.
@@ -149,7 +152,8 @@ UPDATE {table}
 SET status = 'published', published_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
 WHERE seq IN (SELECT value FROM json_each(?1)) AND status IN ('pending', 'processing', 'failed')
-  AND "partition" % ?3 IN (SELECT "partition" FROM {table}_partitions WHERE owner = ?2);
+  AND (target, "partition" % ?3) IN (
+      SELECT target, "partition" FROM {table}_partitions WHERE owner = ?2);
 
 -- The row-lease marks: each changes only rows still in processing under the claim's
 -- token.
@@ -236,6 +240,11 @@ LIMIT ?3;
 -- name: count_by_status
 SELECT status, count(*) FROM {table} GROUP BY status;
 
+-- name: live_by_target
+-- Rows still to deliver, per target.
+SELECT target, count(*) FROM {table}
+WHERE status IN ('pending', 'processing', 'failed') GROUP BY target;
+
 -- name: oldest_pending_age
 SELECT (julianday('now') - julianday(min(available_at))) * 86400.0 FROM {table}
 WHERE status IN ('pending', 'processing', 'failed') AND status <> 'processing'
@@ -253,56 +262,64 @@ SELECT 1 FROM {table} WHERE 0
 UNION ALL SELECT 1 FROM {table}_partitions WHERE 0
 UNION ALL SELECT 1 FROM {table}_members WHERE 0;
 
--- Partition leases. A heartbeat runs members_expire through partitions_take in one
--- BEGIN IMMEDIATE transaction, in this order.
+-- Partition leases, per target. A heartbeat of one target runs members_expire through
+-- partitions_take in one BEGIN IMMEDIATE transaction, in this order.
 
 -- name: members_expire
 DELETE FROM {table}_members WHERE lease_until <= strftime('%Y-%m-%d %H:%M:%f', 'now');
 
 -- name: member_join
--- ?1 worker, ?2 lease seconds.
-INSERT INTO {table}_members (worker, lease_until)
-VALUES (?1, strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?2)))
-ON CONFLICT (worker) DO UPDATE SET lease_until = excluded.lease_until;
+-- ?1 worker, ?2 lease seconds, ?3 target.
+INSERT INTO {table}_members (worker, target, lease_until)
+VALUES (?1, ?3, strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?2)))
+ON CONFLICT (worker, target) DO UPDATE SET lease_until = excluded.lease_until;
 
 -- name: partitions_create
--- ?1 partitions. `WHERE true` tells the parser that ON CONFLICT is not a join constraint.
+-- ?1 partitions, ?2 target. `WHERE true` tells the parser that ON CONFLICT is not a
+-- join constraint.
 WITH RECURSIVE numbers(p) AS (SELECT 0 UNION ALL SELECT p + 1 FROM numbers WHERE p + 1 < ?1)
-INSERT INTO {table}_partitions ("partition")
-SELECT p FROM numbers WHERE true
-ON CONFLICT ("partition") DO NOTHING;
+INSERT INTO {table}_partitions (target, "partition")
+SELECT ?2, p FROM numbers WHERE true
+ON CONFLICT (target, "partition") DO NOTHING;
 
 -- name: members_live
+-- ?1 target: how many live relays serve it.
 SELECT count(*) FROM {table}_members
+WHERE target = ?1 AND lease_until > strftime('%Y-%m-%d %H:%M:%f', 'now');
+
+-- name: members_targets
+-- The targets some live relay serves.
+SELECT DISTINCT target FROM {table}_members
 WHERE lease_until > strftime('%Y-%m-%d %H:%M:%f', 'now');
 
 -- name: partitions_renew
--- ?1 worker, ?2 lease seconds. Returns every partition the worker holds.
+-- ?1 worker, ?2 lease seconds, ?3 target. Returns every partition of the target the
+-- worker holds.
 UPDATE {table}_partitions
 SET lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?2))
-WHERE owner = ?1
+WHERE owner = ?1 AND target = ?3
 RETURNING "partition";
 
 -- name: partitions_release
--- ?1 worker, ?2 the partitions it gives back as JSON.
+-- ?1 worker, ?2 the partitions it gives back as JSON, ?3 target.
 UPDATE {table}_partitions SET owner = NULL, lease_until = NULL
-WHERE owner = ?1 AND "partition" IN (SELECT value FROM json_each(?2));
+WHERE owner = ?1 AND target = ?3 AND "partition" IN (SELECT value FROM json_each(?2));
 
 -- name: partitions_take
--- ?1 worker, ?2 lease seconds, ?3 partitions, ?4 how many. Free or expired ones, lowest
--- first.
+-- ?1 worker, ?2 lease seconds, ?3 partitions, ?4 how many, ?5 target. Free or expired
+-- ones, lowest first.
 UPDATE {table}_partitions
 SET owner = ?1, lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?2))
-WHERE "partition" IN (
+WHERE target = ?5 AND "partition" IN (
     SELECT "partition" FROM {table}_partitions
-    WHERE "partition" < ?3
+    WHERE target = ?5 AND "partition" < ?3
       AND (owner IS NULL OR lease_until <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
     ORDER BY "partition"
     LIMIT ?4)
 RETURNING "partition";
 
 -- name: partitions_leave
--- ?1 worker.
+-- ?1 worker: every target's partitions.
 UPDATE {table}_partitions SET owner = NULL, lease_until = NULL WHERE owner = ?1;
 
 -- name: member_leave

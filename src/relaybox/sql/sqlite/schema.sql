@@ -56,17 +56,24 @@ CREATE INDEX IF NOT EXISTS {prefix}_published_ix ON {table} (published_at)
 CREATE INDEX IF NOT EXISTS {prefix}_abandoned_ix ON {table} (abandoned_at)
     WHERE status = 'abandoned';
 
--- Partition leases: which relay processes are alive, and which of them owns
--- each partition of the keys, until when. Every heartbeat renews both (queries.sql).
+-- Partition leases, per target: which relay processes are alive and which targets each
+-- serves, and which of them owns each partition of a target's keys, until when. Each
+-- target's partitions are shared among the relays that serve it, so relays serving
+-- different targets never strand each other's rows. Every heartbeat renews both
+-- (queries.sql).
 CREATE TABLE IF NOT EXISTS {table}_members (
-    worker      TEXT PRIMARY KEY,
+    worker      TEXT NOT NULL,
+    target      TEXT NOT NULL,
     lease_until TEXT NOT NULL,
-    joined_at   TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+    joined_at   TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+    PRIMARY KEY (worker, target)
 );
 
 CREATE TABLE IF NOT EXISTS {table}_partitions (
-    "partition" INTEGER PRIMARY KEY,
+    target      TEXT NOT NULL,
+    "partition" INTEGER NOT NULL,
     owner       TEXT,
     lease_until TEXT,
+    PRIMARY KEY (target, "partition"),
     CONSTRAINT {prefix}_partitions_lease_ck CHECK ((owner IS NULL) = (lease_until IS NULL))
 );

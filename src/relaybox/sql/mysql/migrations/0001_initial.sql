@@ -68,20 +68,25 @@ FROM (SELECT 0 AS n UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNI
 CROSS JOIN (SELECT 0 AS n UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9 UNION ALL SELECT 10 UNION ALL SELECT 11 UNION ALL SELECT 12 UNION ALL SELECT 13 UNION ALL SELECT 14 UNION ALL SELECT 15) AS b
 CROSS JOIN (SELECT 0 AS n UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9 UNION ALL SELECT 10 UNION ALL SELECT 11 UNION ALL SELECT 12 UNION ALL SELECT 13 UNION ALL SELECT 14 UNION ALL SELECT 15) AS c;
 
--- Partition leases: which relay processes are alive, and which of them owns
--- each partition of the keys, until when. Every heartbeat renews both (queries.sql).
+-- Partition leases, per target: which relay processes are alive and which targets each
+-- serves, and which of them owns each partition of a target's keys, until when. Each
+-- target's partitions are shared among the relays that serve it, so relays serving
+-- different targets never strand each other's rows. Every heartbeat renews both
+-- (queries.sql).
 -- Times are UTC, as in the outbox table.
 CREATE TABLE IF NOT EXISTS {table}_members (
     worker      VARCHAR(255) NOT NULL,
+    target      VARCHAR(64) NOT NULL,
     lease_until DATETIME(6) NOT NULL,
     joined_at   DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
-    PRIMARY KEY (worker)
+    PRIMARY KEY (worker, target)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
 CREATE TABLE IF NOT EXISTS {table}_partitions (
+    target      VARCHAR(64) NOT NULL,
     `partition` INT NOT NULL,
     owner       VARCHAR(255) NULL,
     lease_until DATETIME(6) NULL,
-    PRIMARY KEY (`partition`),
+    PRIMARY KEY (target, `partition`),
     CONSTRAINT {prefix}_partitions_lease_ck CHECK ((owner IS NULL) = (lease_until IS NULL))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

@@ -80,18 +80,25 @@ CREATE INDEX IF NOT EXISTS {prefix}_published_done_ix ON {table}_done (published
 CREATE INDEX IF NOT EXISTS {prefix}_abandoned_done_ix ON {table}_done (abandoned_at)
     WHERE abandoned_at IS NOT NULL;
 
--- Partition leases: which relay processes are alive, and which of them owns each
--- partition of the keys, until when. Every heartbeat renews both (queries.sql).
+-- Partition leases, per target: which relay processes are alive and which targets each
+-- serves, and which of them owns each partition of a target's keys, until when. Each
+-- target's partitions are shared among the relays that serve it, so relays serving
+-- different targets (a rolling deploy that adds one) never strand each other's rows.
+-- Every heartbeat renews both (queries.sql).
 CREATE TABLE IF NOT EXISTS {table}_members (
-    worker      text PRIMARY KEY,
+    worker      text NOT NULL,
+    target      text COLLATE "C" NOT NULL,
     lease_until timestamptz NOT NULL,
-    joined_at   timestamptz NOT NULL DEFAULT now()
+    joined_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (worker, target)
 );
 
 CREATE TABLE IF NOT EXISTS {table}_partitions (
-    partition   integer PRIMARY KEY,
+    target      text COLLATE "C" NOT NULL,
+    partition   integer NOT NULL,
     owner       text,
     lease_until timestamptz,
+    PRIMARY KEY (target, partition),
     CONSTRAINT {prefix}_partitions_lease_ck CHECK ((owner IS NULL) = (lease_until IS NULL))
 );
 
