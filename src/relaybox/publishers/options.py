@@ -8,6 +8,7 @@ Every publisher reads its options through `BrokerUrl`, takes what it knows, and 
 
 from __future__ import annotations
 
+import math
 import urllib.parse
 from typing import TypeVar
 
@@ -73,8 +74,11 @@ class BrokerUrl:
             value = type(default)(raw)
         except ValueError:
             raise ConfigurationError(f"broker URL option {name}={raw!r} must be a number") from None
-        if minimum is not None and value < minimum:
-            raise ConfigurationError(f"broker URL option {name} must be at least {minimum}")
+        floor = 0 if minimum is None else minimum  # no option takes a negative number
+        if not (math.isfinite(value) and value >= floor):
+            raise ConfigurationError(
+                f"broker URL option {name}={raw!r}: give a number of at least {floor}"
+            )
         return value
 
     def flag(self, name: str, default: bool) -> bool:
