@@ -125,6 +125,16 @@ def test_a_broker_option_that_is_not_finite_or_is_negative_is_refused(value: str
             BrokerUrl(f"nats://127.0.0.1:4222?{option}={value}").number(option, 5.0)
 
 
+def test_a_url_urllib_cannot_split_is_refused_with_its_password_masked() -> None:
+    result = _cli("status", "--db", "postgresql://u:s3cret@[::1/test")
+    assert result.exit_code != 0
+    assert "bad database URL postgresql://u:***@[::1/test" in result.stderr
+    result = _cli("demo", "--orders", "1", "--broker", "nats://u:s3cret@[::1")
+    assert result.exit_code != 0
+    assert "bad broker URL nats://u:***@[::1" in result.stderr
+    assert "s3cret" not in result.output + result.stderr
+
+
 def test_the_demo_refuses_an_unknown_broker_in_one_line() -> None:
     result = _cli("demo", "--orders", "1", "--broker", "xyz://")
     assert result.exit_code != 0

@@ -27,7 +27,10 @@ class BrokerUrl:
 
     def __init__(self, url: str) -> None:
         self.raw = url
-        parts = urllib.parse.urlsplit(url)
+        try:
+            parts = urllib.parse.urlsplit(url)
+        except ValueError as exc:  # an unclosed [IPv6] bracket
+            raise ConfigurationError(f"bad broker URL {mask_password(url)}: {exc}") from None
         self.scheme = parts.scheme
         self.parts = parts
         self._options = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))

@@ -58,7 +58,10 @@ class DatabaseUrl:
 
     @classmethod
     def parse(cls, url: str) -> DatabaseUrl:
-        parts = urllib.parse.urlsplit(url)
+        try:
+            parts = urllib.parse.urlsplit(url)
+        except ValueError as exc:  # an unclosed [IPv6] bracket
+            raise ConfigurationError(f"bad database URL {mask_password(url)}: {exc}") from None
         scheme = parts.scheme.lower()
         if scheme not in _SCHEMES:
             raise ConfigurationError(
