@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
@@ -11,7 +12,7 @@ from relaybox.core.identifiers import DEFAULT_TABLE, notify_channel, validate_ta
 from relaybox.core.message import Message, Target
 from relaybox.core.payload import DEFAULT_MAX_PAYLOAD_BYTES, check_size
 from relaybox.core.records import InsertRow, Routing
-from relaybox.errors import ConfigurationError, SchemaError
+from relaybox.errors import ConfigurationError, MessageError, SchemaError
 from relaybox.sql.inserts import Statement, basic_insert, inserts
 from relaybox.writer.connections import (
     Channel,
@@ -76,6 +77,10 @@ class Outbox:
     ) -> None:
         self.table = validate_table_name(table)
         self.routing = Routing.of(targets, default_targets)
+        if type(max_payload_bytes) is not int or max_payload_bytes < 1:  # bool is no size
+            raise ConfigurationError(
+                f"max_payload_bytes={max_payload_bytes!r}: give a positive number of bytes"
+            )
         self.max_payload_bytes = max_payload_bytes
         self.notify_interval = _notify_interval(notify)
         self.notify_channel = notify_channel(self.table)
@@ -95,6 +100,10 @@ class Outbox:
                 check_size(messages.body, limit)
             batch = [messages]
             return batch, self.routing.rows(batch)
+        if not isinstance(messages, Iterable):
+            raise MessageError(
+                f"expected a relaybox.Message or an iterable of them, got {type(messages).__name__}"
+            )
         batch = list(messages)
         for message in batch:
             if isinstance(message, Message) and len(message.body) > limit:
@@ -239,7 +248,7 @@ def _notify_interval(notify: bool | float) -> float | None:
         return DEFAULT_NOTIFY_INTERVAL
     if notify is False:
         return None
-    if not isinstance(notify, int | float) or not notify >= 0:
+    if not isinstance(notify, int | float) or not 0 <= notify < math.inf:
         raise ConfigurationError(
             f"notify={notify!r}: pass True, False or the seconds between NOTIFYs (>= 0)"
         )
