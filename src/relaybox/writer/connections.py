@@ -240,8 +240,8 @@ def _alone_of(driver: Any) -> bool:
     check = _driver_alone.get(type(driver))
     if check is None:
         found = (c for root, names, c in _DRIVER_ALONE if _is(driver, root, *names))
-        # A driver relaybox cannot read is taken at its word: SQLAlchemy began a
-        # transaction on it.
+        # A driver whose state relaybox does not know how to read (mysqlclient, say)
+        # passes: it is never refused by mistake, only not checked.
         check = _driver_alone[type(driver)] = next(found, lambda _: False)
     return check(driver)
 
