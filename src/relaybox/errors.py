@@ -12,6 +12,7 @@
     |   +-- UnknownTargetError
     +-- StorageError                  the database said no
     |   +-- UnsupportedConnectionError
+    |   +-- NoTransactionError        a write would commit on its own, outside the caller's
     |   +-- StorageOperationalError   connection lost, timeout, deadlock: retry
     |   +-- StorageIntegrityError     a constraint was violated: do not retry
     |   +-- SchemaError               tables missing or newer than this relaybox
@@ -78,6 +79,11 @@ class StorageError(RelayboxError):
 
 class UnsupportedConnectionError(StorageError):
     """relaybox does not know how to write through this kind of connection."""
+
+
+class NoTransactionError(StorageError):
+    """The connection is in autocommit mode with no transaction open: a write through it
+    would commit on its own, apart from the caller's work; open a transaction first."""
 
 
 class StorageOperationalError(StorageError):

@@ -153,7 +153,13 @@ def status(
 @_DB
 @_TABLE
 @_JSON
-@click.option("--limit", default=20, show_default=True, help="How many, newest first.")
+@click.option(
+    "--limit",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1, admin.MAX_LIMIT),
+    help="How many, newest first.",
+)
 @click.option("--target", default=None, help="Only this target's.")
 def abandoned(db_url: str, table: str, as_json: bool, limit: int, target: str | None) -> None:
     """List abandoned messages with their last error, newest first (replay them with
@@ -188,11 +194,23 @@ def replay(
     db_url: str, table: str, seqs: tuple[int, ...], every: bool, target: str | None, yes: bool
 ) -> None:
     """Make abandoned messages pending again, with a fresh attempt count: the SEQS given
-    (see `relaybox abandoned`), or --all of them."""
+    (see `relaybox abandoned`), or --all of them. Exits 1 when a seq given is not an
+    abandoned message."""
     if target is not None and not every:
         raise click.UsageError("--target goes with --all")
     if every and not yes:
         which = f"target {target}'s" if target else "every"
         click.confirm(f"Replay {which} abandoned message in {table}?", abort=True)
     count = _run(admin.replay(db_url, table, seqs=seqs, every=every, target=target))
-    click.echo(f"replayed {count} message(s)")
+    named = len(set(seqs))
+    if count < named:
+        found = (
+            f"replayed {count} of {named} message(s): the other {named - count} are not"
+            if count
+            else "nothing replayed: none of the seqs given is"
+        )
+        raise click.ClickException(
+            f"{found} abandoned in {table} (published, pending or not there); "
+            "`relaybox abandoned` lists those that are"
+        )
+    click.echo(f"replayed {count} message(s)" if count else "no abandoned messages to replay")

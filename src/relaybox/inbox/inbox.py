@@ -34,9 +34,17 @@ from typing import Any, Literal, cast
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_INBOX, validate_table_name
 from relaybox.core.incoming import MAX_ID_LENGTH, Incoming
-from relaybox.errors import ConfigurationError, InboxError
+from relaybox.core.message import Message
+from relaybox.errors import ConfigurationError, InboxError, SchemaError
 from relaybox.sql.params import ParamStyle, in_order, styled
-from relaybox.writer.connections import Channel, async_channel, in_pipeline, sync_channel
+from relaybox.writer.connections import (
+    Channel,
+    async_channel,
+    in_pipeline,
+    missing_table,
+    no_transaction,
+    sync_channel,
+)
 
 Mode = Literal["id", "watermark"]
 MODES: tuple[Mode, ...] = ("id", "watermark")
@@ -57,7 +65,9 @@ class Inbox:
 
     `consumer` names the handler whose effects are being deduplicated: two handlers of
     one message each apply it once. `record` / `record_async` take the same connections
-    and sessions as `Outbox.add` and never commit, roll back or close them.
+    and sessions as `Outbox.add` and never commit, roll back or close them; like it, they
+    refuse a connection in autocommit mode with no transaction open (the record would
+    commit before the effects it guards) unless passed `allow_autocommit=True`.
     """
 
     def __init__(
@@ -100,7 +110,9 @@ class Inbox:
 
     # -- the check ------------------------------------------------------------------
 
-    def record(self, connection: Any, message: Incoming | str) -> bool:
+    def record(
+        self, connection: Any, message: Incoming | str, *, allow_autocommit: bool = False
+    ) -> bool:
         """Record `message` as processed, in the connection's transaction.
 
         True: this is the first copy, apply its effects in the same transaction.
@@ -109,21 +121,52 @@ class Inbox:
         """
         channel = sync_channel(connection, "Inbox.record")
         _check_counts(connection)
+        if not allow_autocommit and channel.alone():
+            raise no_transaction(connection, "Inbox.record")
         count = 0
-        for query, params in self._steps(channel, message):
-            count = channel.execute(query, params)
+        try:
+            for query, params in self._steps(channel, message):
+                count = channel.execute(query, params)
+        except Exception as error:
+            self._raise_if_missing(error, channel.dialect)
+            raise
         return _first_copy(count)
 
-    async def record_async(self, connection: Any, message: Incoming | str) -> bool:
+    async def record_async(
+        self, connection: Any, message: Incoming | str, *, allow_autocommit: bool = False
+    ) -> bool:
         """`record` for an async connection or session."""
         channel = await async_channel(connection, "Inbox.record")
         _check_counts(connection)
+        if not allow_autocommit and channel.alone():
+            raise no_transaction(connection, "Inbox.record_async")
         count = 0
-        for query, params in self._steps(channel, message):
-            count = await channel.execute(query, params)
+        try:
+            for query, params in self._steps(channel, message):
+                count = await channel.execute(query, params)
+        except Exception as error:
+            self._raise_if_missing(error, channel.dialect)
+            raise
         return _first_copy(count)
 
+    def _raise_if_missing(self, error: Exception, dialect: str) -> None:
+        """A missing inbox table (a consumer whose database was never migrated for it)
+        becomes a `SchemaError` that says what to do; every other error stays the
+        driver's, for the application's retry rules."""
+        if missing_table(error):
+            aborted = " The failed statement aborted the transaction: roll it back." * (
+                dialect == "postgresql"
+            )
+            raise SchemaError(
+                f"the inbox table {self.table} (or a table beside it) does not exist in "
+                f"this connection's database: create it with `relaybox migrate --db URL "
+                f"--inbox --table {self.table}` (or `relaybox schema --inbox` for your own "
+                f"migrations). Nothing was recorded.{aborted}"
+            ) from error
+
     def _steps(self, channel: Channel, message: Incoming | str) -> list[_Step]:
+        if not isinstance(message, str | Incoming):
+            raise _not_received(message)
         dialect, style = channel.dialect, channel.style
         lane = None if self.mode == "id" else self._lane(message)
         if lane is None:
@@ -195,6 +238,18 @@ def _text(
     if dialect not in sql.DIALECTS:
         raise InboxError(f"the inbox cannot run on {dialect}")
     return styled(sql.queries(dialect, table, "inbox")[name], dialect, style)
+
+
+def _not_received(message: object) -> InboxError:
+    sent = (
+        ": a Message is what a producer writes; record what the consumer received "
+        "(the Incoming a relaybox consumer hands its handler, or Incoming.from_envelope), "
+        "or str(message.id)"
+    ) * isinstance(message, Message)
+    return InboxError(
+        f"Inbox.record takes the received message (an Incoming) or its id (a str), not "
+        f"{type(message).__qualname__}{sent}"
+    )
 
 
 def _check_counts(connection: Any) -> None:

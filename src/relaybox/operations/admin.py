@@ -18,6 +18,10 @@ from relaybox.storage import open_storage
 
 #: Rows listed, or replayed, per query.
 PAGE = 500
+#: The most `abandoned` lists at once: what every database takes as a LIMIT.
+MAX_LIMIT = 2**31 - 1
+#: The largest seq a table can hold (a signed 64-bit integer).
+MAX_SEQ = 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -64,8 +68,8 @@ async def list_abandoned(
     db_url: str, table: str, *, limit: int, target: str | None = None
 ) -> list[AbandonedMessage]:
     """The newest `limit` abandoned messages (of `target`), newest first."""
-    if limit < 1:
-        raise ConfigurationError("--limit must be at least 1")
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ConfigurationError(f"--limit {limit}: list between 1 and {MAX_LIMIT} messages")
     async with _opened(db_url, table) as storage:
         return await storage.abandoned(limit=limit, target=target)
 
@@ -81,9 +85,12 @@ async def replay(
         raise ConfigurationError("replay the seqs given or every abandoned message, not both")
     if not seqs and not every:
         raise ConfigurationError("name the seqs of abandoned messages to replay, or all of them")
+    outside = [seq for seq in seqs if not 1 <= seq <= MAX_SEQ]
+    if outside:
+        raise ConfigurationError(f"seq {outside[0]}: seqs run from 1 to {MAX_SEQ}")
     async with _opened(db_url, table) as storage:
         if seqs:
-            return await storage.replay(sorted(seqs))
+            return await storage.replay(sorted(set(seqs)))
         found: list[int] = []
         before = None
         while page := await storage.abandoned(limit=PAGE, before=before, target=target):

@@ -8,6 +8,7 @@ Every publisher reads its options through `BrokerUrl`, takes what it knows, and 
 
 from __future__ import annotations
 
+import math
 import urllib.parse
 from typing import TypeVar
 
@@ -26,7 +27,10 @@ class BrokerUrl:
 
     def __init__(self, url: str) -> None:
         self.raw = url
-        parts = urllib.parse.urlsplit(url)
+        try:
+            parts = urllib.parse.urlsplit(url)
+        except ValueError as exc:  # an unclosed [IPv6] bracket
+            raise ConfigurationError(f"bad broker URL {mask_password(url)}: {exc}") from None
         self.scheme = parts.scheme
         self.parts = parts
         self._options = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
@@ -73,8 +77,11 @@ class BrokerUrl:
             value = type(default)(raw)
         except ValueError:
             raise ConfigurationError(f"broker URL option {name}={raw!r} must be a number") from None
-        if minimum is not None and value < minimum:
-            raise ConfigurationError(f"broker URL option {name} must be at least {minimum}")
+        floor = 0 if minimum is None else minimum  # no option takes a negative number
+        if not (math.isfinite(value) and value >= floor):
+            raise ConfigurationError(
+                f"broker URL option {name}={raw!r}: give a number of at least {floor}"
+            )
         return value
 
     def flag(self, name: str, default: bool) -> bool:

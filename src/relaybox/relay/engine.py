@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from relaybox.core.circuit import CircuitBreaker, CircuitState
-from relaybox.core.identifiers import DEFAULT_TABLE
+from relaybox.core.identifiers import DEFAULT_TABLE, validate_table_name
 from relaybox.core.ids import instance_name
 from relaybox.core.message import Message
 from relaybox.core.signals import TargetCounters
@@ -61,7 +61,7 @@ class Relay:
             raise ConfigurationError("a relay needs at least one broker (target name -> URL)")
         self.settings = settings or RelaySettings()
         self.worker = worker or instance_name()
-        self.table = table
+        self.table = validate_table_name(table)
         self._databases = list(databases)
         self._publishers = {
             name: open_publisher(b) if isinstance(b, str) else b for name, b in brokers.items()

@@ -117,8 +117,9 @@ class SqlStorage(abc.ABC):
         except SchemaError as exc:
             await storage.close()
             raise SchemaError(
-                f"{exc}; create the outbox tables with `relaybox migrate --db "
-                f"{storage._url.masked} --table {table}`"
+                f"the outbox table {table} (or a table beside it) does not exist at "
+                f"{storage._url.masked} ({exc}): create the outbox tables with `relaybox "
+                f"migrate --db {storage._url.masked} --table {table}`"
             ) from exc
         except BaseException:
             await storage.close()

@@ -63,7 +63,7 @@ class _Aiosqlite:
 
     @classmethod
     async def connect(cls, path: str) -> _Aiosqlite:
-        connection = await aiosqlite.connect(path, isolation_level=None)
+        connection = await aiosqlite.connect(path, isolation_level=None, uri=True)
         try:
             await connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             await connection.execute("PRAGMA journal_mode = WAL")
@@ -105,7 +105,7 @@ class SQLiteStorage(SqlStorage):
     dialect = "sqlite"
 
     async def _open(self) -> Connection:
-        return await _Aiosqlite.connect(self._url.database)
+        return await _Aiosqlite.connect(self._url.sqlite_uri)
 
     translate = staticmethod(translate)
 

@@ -1,8 +1,14 @@
-"""Database URLs: which dialect and driver, and a form safe to log."""
+"""Database URLs: which dialect and driver, and a form safe to log.
+
+A PostgreSQL URL may list several hosts, `postgresql://h1:5432,h2:5432/db`: both
+drivers try them in order (with libpq's `target_session_attrs` where given), and
+relaybox hands them the URL whole.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import urllib.parse
 
 from relaybox.core.urls import mask_password
@@ -30,6 +36,10 @@ _DIALECT_CLIENTS: dict[str, tuple[str, ...]] = {
     "sqlite": ("aiosqlite",),
 }
 _CLIENTS = frozenset(c for clients in _DIALECT_CLIENTS.values() for c in clients)
+#: Dialects whose drivers take several hosts in one URL.
+_MULTI_HOST = frozenset({"postgresql"})
+#: Query options relaybox itself reads as a number of seconds, per dialect.
+_SECONDS = {"mysql": ("connect_timeout",)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -43,10 +53,15 @@ class DatabaseUrl:
     password: str | None
     database: str
     query: dict[str, str]
+    #: Every (host, port) the URL names, in order; `host` and `port` are the first's.
+    hosts: tuple[tuple[str | None, int | None], ...] = ((None, None),)
 
     @classmethod
     def parse(cls, url: str) -> DatabaseUrl:
-        parts = urllib.parse.urlsplit(url)
+        try:
+            parts = urllib.parse.urlsplit(url)
+        except ValueError as exc:  # an unclosed [IPv6] bracket
+            raise ConfigurationError(f"bad database URL {mask_password(url)}: {exc}") from None
         scheme = parts.scheme.lower()
         if scheme not in _SCHEMES:
             raise ConfigurationError(
@@ -61,20 +76,25 @@ class DatabaseUrl:
             database = database.split("?", 1)[0] or ":memory:"
         else:
             database = urllib.parse.unquote(parts.path.lstrip("/"))
-        try:
-            port = parts.port
-        except ValueError as exc:
-            raise ConfigurationError(f"bad port in database URL: {exc}") from exc
+        hosts = _hosts(parts.netloc, mask_password(url))
+        if len(hosts) > 1 and dialect not in _MULTI_HOST:
+            raise ConfigurationError(
+                f"database URL {mask_password(url)} names {len(hosts)} hosts; a {dialect} "
+                "URL takes one (only PostgreSQL URLs may list several)"
+            )
+        query = dict(urllib.parse.parse_qsl(parts.query))
+        _check_seconds(query, _SECONDS.get(dialect, ()))
         return cls(
             url=url,
             dialect=dialect,
             driver=driver,
-            host=parts.hostname,
-            port=port,
+            host=hosts[0][0],
+            port=hosts[0][1],
             user=urllib.parse.unquote(parts.username) if parts.username else None,
             password=urllib.parse.unquote(parts.password) if parts.password else None,
             database=database,
-            query=dict(urllib.parse.parse_qsl(parts.query)),
+            query=query,
+            hosts=hosts,
         )
 
     @property
@@ -87,6 +107,15 @@ class DatabaseUrl:
         return _DIALECT_CLIENTS.get(self.dialect, ())
 
     @property
+    def sqlite_uri(self) -> str:
+        """The SQLite file as a URI that opens it read-write and never creates it (an
+        in-memory database as it is): a mistyped path fails instead of leaving an empty
+        database behind. Only `relaybox migrate` creates one."""
+        if self.database == ":memory:":
+            return self.database
+        return f"file:{urllib.parse.quote(self.database)}?mode=rw"
+
+    @property
     def masked(self) -> str:
         """The URL with its password replaced, for logs and errors."""
         return mask_password(self.url)
@@ -95,3 +124,31 @@ class DatabaseUrl:
         """A postgresql:// URL without the +driver suffix, for asyncpg and psycopg."""
         scheme_end = self.url.index("://")
         return "postgresql" + self.url[scheme_end:]
+
+
+def _hosts(netloc: str, masked: str) -> tuple[tuple[str | None, int | None], ...]:
+    """(host, port) of each comma-separated `host[:port]` in the URL's authority."""
+    found = []
+    for each in netloc.rpartition("@")[2].split(","):
+        parts = urllib.parse.urlsplit("//" + each)
+        try:
+            port = parts.port
+        except ValueError as exc:
+            raise ConfigurationError(f"bad port in database URL {masked}: {exc}") from None
+        found.append((parts.hostname, port))
+    return tuple(found)
+
+
+def _check_seconds(query: dict[str, str], names: tuple[str, ...]) -> None:
+    for name in names:
+        raw = query.get(name)
+        if raw is None:
+            continue
+        try:
+            seconds = float(raw)
+        except ValueError:
+            seconds = math.nan
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ConfigurationError(
+                f"database URL option {name}={raw!r}: give a number of seconds above 0"
+            )

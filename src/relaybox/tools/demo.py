@@ -32,6 +32,7 @@ import click
 
 from relaybox.core.message import Message
 from relaybox.core.records import StoredMessage
+from relaybox.errors import RelayboxError
 from relaybox.migrations import migrate
 from relaybox.publishers import open_publisher
 from relaybox.publishers.recording import ConfirmRecorder
@@ -217,7 +218,10 @@ def run_demo(orders: int = 500, rate: float = 250.0, broker: str | None = None) 
               help="Broker URL [default: an embedded NATS JetStream server].")  # fmt: skip
 def demo(orders: int, rate: float, broker: str | None) -> None:
     """An order service on SQLite, relayed to a broker and read back; checks the result."""
-    summary = run_demo(orders, rate, broker)
+    try:
+        summary = run_demo(orders, rate, broker)
+    except RelayboxError as exc:
+        raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps(summary, indent=2))
     ok = summary["lost"] == 0 and summary["ghosts"] == 0 and summary["per-key order kept"]
     click.echo(

@@ -12,6 +12,11 @@ keeps a connection alive). A SQLAlchemy session is the exception: it hands out a
 Connection per transaction (an AsyncSession a new, short-lived proxy per call), so a
 session is resolved on every call and its channel is not kept.
 
+Each channel also says whether a statement run now would commit on its own (the
+connection is in autocommit mode with no transaction open), which the writer and the
+inbox refuse unless told otherwise: every kind answers from the driver's in-process
+state, without a round trip.
+
 A psycopg connection's channel also keeps one cursor, made on a weak proxy of the
 connection: `Connection.execute` makes a new cursor per call (its adapters map and
 transformer, whose per-type dumper cache then starts empty every time), a measured
@@ -27,7 +32,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from relaybox.errors import UnsupportedConnectionError
+from relaybox.errors import NoTransactionError, UnsupportedConnectionError
 from relaybox.sql.params import ParamStyle
 
 #: Run one statement; return its row count (what the inbox's checks read).
@@ -35,6 +40,8 @@ SyncExecute = Callable[[str, Sequence[Any]], int]
 AsyncExecute = Callable[[str, Sequence[Any]], Awaitable[int]]
 #: How a kind of connection runs one statement, given the connection.
 _Run = Callable[[Any, str, Sequence[Any]], Any]
+#: Whether a statement run now on the connection would commit on its own.
+_Alone = Callable[[Any], bool]
 
 _SQLALCHEMY_DIALECTS = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql",
                         "sqlite": "sqlite"}  # fmt: skip
@@ -48,6 +55,9 @@ class Channel:
     dialect: str
     style: ParamStyle
     execute: Any  # SyncExecute or AsyncExecute, by the side it was made for
+    #: True when a statement run now would commit on its own: autocommit mode, and no
+    #: transaction open.
+    alone: Callable[[], bool]
     #: The driver takes a str for any parameter the SQL casts (psycopg sends it untyped
     #: for the server to parse), and pays a Python-level adapter lookup per distinct
     #: type in every execute (a measured cost): ids and integers go as text.
@@ -113,6 +123,7 @@ def _channel(
     dialect: str,
     style: ParamStyle,
     run: _Run,
+    alone: _Alone,
     *,
     keep: bool = True,
     text_values: bool = False,
@@ -123,12 +134,15 @@ def _channel(
     key = id(connection)
     ref = _weak(connection, lambda dead: _forget(key, dead)) if keep else None
     if ref is None:
-        return Channel(dialect, style, functools.partial(run, connection), text_values)
+        bound = functools.partial
+        return Channel(dialect, style, bound(run, connection), bound(alone, connection),
+                       text_values)  # fmt: skip
     # The executor reaches the connection through a weak proxy: a strong reference
     # from the cache would keep every connection alive. (A proxy, not the reference:
     # partial(run, proxy) adds no Python frame to each execute.)
-    execute = functools.partial(run, weakref.proxy(connection))
-    return _kept(key, ref, Channel(dialect, style, execute, text_values))
+    proxy = weakref.proxy(connection)
+    execute, check = functools.partial(run, proxy), functools.partial(alone, proxy)
+    return _kept(key, ref, Channel(dialect, style, execute, check, text_values))
 
 
 def _kept(key: int, ref: weakref.ref[Any], channel: Channel, state: object = None) -> Channel:
@@ -153,6 +167,109 @@ def _psycopg_style(factory: type) -> ParamStyle:
     """psycopg's raw cursors take `$n`; its default cursors take `%s`."""
     raw = any(c.__name__ == "RawCursorMixin" for c in factory.__mro__)
     return "numeric_dollar" if raw else "format"
+
+
+# -- would a statement commit on its own? ---------------------------------------------
+# Each kind reads what its driver already holds. A connection that is not in autocommit
+# mode begins a transaction at the first statement (psycopg, psycopg2, a MySQL session
+# with autocommit off, sqlite3 before a write in its default mode): the statement is
+# then part of that transaction, so only autocommit mode with none open is alone.
+
+_PQ_IDLE = 0  # libpq's PQTRANS_IDLE: connected, no transaction open
+_MYSQL_IN_TRANS, _MYSQL_AUTOCOMMIT = 1, 2  # the server's status flags in every OK packet
+_SQLITE_LEGACY = -1  # sqlite3.LEGACY_TRANSACTION_CONTROL, Python 3.12's default mode
+
+
+def _psycopg_alone(connection: Any) -> bool:
+    return bool(connection.autocommit) and connection.pgconn.transaction_status == _PQ_IDLE
+
+
+def _psycopg2_alone(connection: Any) -> bool:
+    return bool(connection.autocommit) and connection.get_transaction_status() == _PQ_IDLE
+
+
+def _asyncpg_alone(connection: Any) -> bool:
+    return not connection.is_in_transaction()
+
+
+def _mysql_alone(connection: Any) -> bool:
+    status = connection.server_status or 0  # None once PyMySQL has closed it
+    return status & (_MYSQL_IN_TRANS | _MYSQL_AUTOCOMMIT) == _MYSQL_AUTOCOMMIT
+
+
+def _sqlite_alone(connection: Any) -> bool:
+    """sqlite3 (and aiosqlite, which passes these through): in its default mode the
+    driver begins before a write unless isolation_level is None; Python 3.12's
+    autocommit=True never begins, autocommit=False always has one open."""
+    if connection.in_transaction:
+        return False
+    mode = getattr(connection, "autocommit", _SQLITE_LEGACY)
+    return mode is True or (mode == _SQLITE_LEGACY and connection.isolation_level is None)
+
+
+def _sqlalchemy_alone(connection: Any) -> bool:
+    """A SQLAlchemy Connection (or AsyncConnection's sync side): its engine's
+    AUTOCOMMIT isolation level puts the driver's own connection in autocommit mode, so
+    that connection answers. asyncpg has no such mode: SQLAlchemy begins its transaction
+    at the first statement unless its adapter's autocommit is on."""
+    pooled = connection.connection
+    driver = pooled.driver_connection
+    if _is(driver, "asyncpg", "Connection"):
+        return bool(pooled.dbapi_connection.autocommit) and not driver.is_in_transaction()
+    return _alone_of(driver)
+
+
+def _django_alone(connection: Any) -> bool:
+    return bool(connection.get_autocommit()) and not connection.in_atomic_block
+
+
+#: The check for a driver's own connection under SQLAlchemy, by (module, class name).
+_DRIVER_ALONE: tuple[tuple[str, tuple[str, ...], _Alone], ...] = (
+    ("psycopg", ("BaseConnection",), _psycopg_alone),
+    ("psycopg2", ("connection",), _psycopg2_alone),
+    ("sqlite3", ("Connection",), _sqlite_alone),
+    ("aiosqlite", ("Connection",), _sqlite_alone),
+    ("pymysql", ("Connection",), _mysql_alone),
+    ("aiomysql", ("Connection",), _mysql_alone),
+    ("asyncmy", ("Connection",), _mysql_alone),
+)
+_driver_alone: dict[type, _Alone] = {}
+
+
+def _alone_of(driver: Any) -> bool:
+    check = _driver_alone.get(type(driver))
+    if check is None:
+        found = (c for root, names, c in _DRIVER_ALONE if _is(driver, root, *names))
+        # A driver whose state relaybox does not know how to read (mysqlclient, say)
+        # passes: it is never refused by mistake, only not checked.
+        check = _driver_alone[type(driver)] = next(found, lambda _: False)
+    return check(driver)
+
+
+_BEGIN_HINTS = {
+    "psycopg": "open one with `with conn.transaction():`, or connect without autocommit=True",
+    "psycopg2": "set conn.autocommit = False, or run BEGIN first",
+    "asyncpg": "open one with `async with conn.transaction():`",
+    "sqlite3": "run BEGIN first, or leave isolation_level at its default",
+    "aiosqlite": "run BEGIN first, or leave isolation_level at its default",
+    "pymysql": "call conn.begin() first, or connect with autocommit=False",
+    "aiomysql": "call `await conn.begin()` first, or connect with autocommit=False",
+    "asyncmy": "call `await conn.begin()` first, or connect with autocommit=False",
+    "sqlalchemy": "use a connection or session whose engine is not isolation_level='AUTOCOMMIT'",
+    "django": "wrap the work in `transaction.atomic()`",
+}
+
+
+def no_transaction(connection: object, api: str) -> NoTransactionError:
+    """The error for a statement that would commit on its own, apart from the caller's."""
+    kind = type(connection)
+    hint = _BEGIN_HINTS.get(kind.__module__.split(".", 1)[0], "open a transaction first")
+    return NoTransactionError(
+        f"{api} needs the caller's transaction, and this {kind.__qualname__} is in "
+        f"autocommit mode with none open: what it writes would commit on its own, apart "
+        f"from the rest of your work. {hint[0].upper()}{hint[1:]}; or pass "
+        f"allow_autocommit=True to {api} if committing on its own is what you mean."
+    )
 
 
 # -- sync ---------------------------------------------------------------------------
@@ -234,7 +351,8 @@ def _psycopg_channel(connection: Any, execute: Any, factory: type) -> Channel:
     while `_psycopg_state` stays the same."""
     key = id(connection)
     ref = weakref.ref(connection, lambda dead: _forget(key, dead))
-    channel = Channel("postgresql", _psycopg_style(factory), execute, text_values=True)
+    alone = functools.partial(_psycopg_alone, weakref.proxy(connection))
+    channel = Channel("postgresql", _psycopg_style(factory), execute, alone, text_values=True)
     return _kept(key, ref, channel, _psycopg_state(connection))
 
 
@@ -243,7 +361,10 @@ def _sqlalchemy_sync(connection: Any, *, keep: bool = True) -> Channel:
     if dialect is None:
         raise _unsupported(connection, "Outbox.add")
     style, text = connection.dialect.paramstyle, connection.dialect.driver == "psycopg"
-    return _channel(connection, dialect, style, _run_sqlalchemy, keep=keep, text_values=text)
+    return _channel(
+        connection, dialect, style, _run_sqlalchemy, _sqlalchemy_alone,
+        keep=keep, text_values=text,
+    )  # fmt: skip
 
 
 def _sqlalchemy_session(session: Any) -> Channel:
@@ -256,17 +377,20 @@ def _django(connection: Any) -> Channel:
         raise _unsupported(connection, "Outbox.add")
     # Django's cursors take %s; on PostgreSQL they are psycopg's (or psycopg2's).
     text = dialect == "postgresql"
-    return _channel(connection, dialect, "format", _run_django, text_values=text)
+    return _channel(connection, dialect, "format", _run_django, _django_alone, text_values=text)
 
 
 _SYNC_KINDS: tuple[tuple[str, tuple[str, ...], Callable[[Any], Channel]], ...] = (
-    ("sqlite3", ("Connection",), lambda c: _channel(c, "sqlite", "qmark", _run_dbapi)),
+    ("sqlite3", ("Connection",),
+     lambda c: _channel(c, "sqlite", "qmark", _run_dbapi, _sqlite_alone)),
     ("psycopg", ("Connection",), _psycopg_sync),
-    ("psycopg2", ("connection",), lambda c: _channel(c, "postgresql", "format", _run_dbapi)),
-    ("pymysql", ("Connection",), lambda c: _channel(c, "mysql", "format", _run_dbapi)),
+    ("psycopg2", ("connection",),
+     lambda c: _channel(c, "postgresql", "format", _run_dbapi, _psycopg2_alone)),
+    ("pymysql", ("Connection",),
+     lambda c: _channel(c, "mysql", "format", _run_dbapi, _mysql_alone)),
     ("sqlalchemy", ("Connection",), _sqlalchemy_sync),
     ("sqlalchemy", ("Session", "scoped_session"), _sqlalchemy_session),
-)
+)  # fmt: skip
 _sync_makers: dict[type, Callable[[Any], Channel]] = {}
 
 
@@ -334,17 +458,24 @@ def _sqlalchemy_async(connection: Any, *, keep: bool = True) -> Channel:
     if dialect is None:
         raise _unsupported(connection, "Outbox.add_async")
     style, text = connection.dialect.paramstyle, connection.dialect.driver == "psycopg"
-    run = _run_sqlalchemy_async
-    return _channel(connection, dialect, style, run, keep=keep, text_values=text)
+    run, alone = _run_sqlalchemy_async, _sqlalchemy_async_alone
+    return _channel(connection, dialect, style, run, alone, keep=keep, text_values=text)
+
+
+def _sqlalchemy_async_alone(connection: Any) -> bool:
+    return _sqlalchemy_alone(connection.sync_connection)
 
 
 _ASYNC_KINDS: tuple[tuple[str, tuple[str, ...], Callable[[Any], Channel]], ...] = (
     ("psycopg", ("AsyncConnection",), _psycopg_async),
     ("asyncpg", ("Connection", "PoolConnectionProxy"),
-     lambda c: _channel(c, "postgresql", "numeric_dollar", _run_asyncpg)),
-    ("aiosqlite", ("Connection",), lambda c: _channel(c, "sqlite", "qmark", _run_aiosqlite)),
-    ("aiomysql", ("Connection",), lambda c: _channel(c, "mysql", "format", _run_cursor_async)),
-    ("asyncmy", ("Connection",), lambda c: _channel(c, "mysql", "format", _run_cursor_async)),
+     lambda c: _channel(c, "postgresql", "numeric_dollar", _run_asyncpg, _asyncpg_alone)),
+    ("aiosqlite", ("Connection",),
+     lambda c: _channel(c, "sqlite", "qmark", _run_aiosqlite, _sqlite_alone)),
+    ("aiomysql", ("Connection",),
+     lambda c: _channel(c, "mysql", "format", _run_cursor_async, _mysql_alone)),
+    ("asyncmy", ("Connection",),
+     lambda c: _channel(c, "mysql", "format", _run_cursor_async, _mysql_alone)),
     ("sqlalchemy", ("AsyncConnection",), _sqlalchemy_async),
 )  # fmt: skip
 _async_makers: dict[type, Callable[[Any], Channel]] = {}

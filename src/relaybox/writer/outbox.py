@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
@@ -11,9 +12,15 @@ from relaybox.core.identifiers import DEFAULT_TABLE, notify_channel, validate_ta
 from relaybox.core.message import Message, Target
 from relaybox.core.payload import DEFAULT_MAX_PAYLOAD_BYTES, check_size
 from relaybox.core.records import InsertRow, Routing
-from relaybox.errors import ConfigurationError, SchemaError
+from relaybox.errors import ConfigurationError, MessageError, SchemaError
 from relaybox.sql.inserts import Statement, basic_insert, inserts
-from relaybox.writer.connections import Channel, async_channel, missing_table, sync_channel
+from relaybox.writer.connections import (
+    Channel,
+    async_channel,
+    missing_table,
+    no_transaction,
+    sync_channel,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +37,15 @@ class Outbox:
     commit, roll back or close it: the messages become visible exactly when the
     caller's business rows do. Every message is validated before the first statement
     runs, so bad input raises a `MessageError` and leaves the transaction as it was.
+
+    A connection in autocommit mode with no transaction open (psycopg's autocommit=True,
+    asyncpg outside `transaction()`, sqlite3 with isolation_level=None, a MySQL session
+    with autocommit on, an AUTOCOMMIT SQLAlchemy engine, Django outside `atomic()`) would
+    commit the messages on their own, apart from the business rows: the one thing an
+    outbox exists to prevent. `add` refuses it with a `NoTransactionError`, asking only
+    the driver's in-process state; `allow_autocommit=True` lets a caller who means it
+    write anyway. (A connection that is not in autocommit mode, such as psycopg's
+    default, begins a transaction at its first statement: that is the caller's.)
 
     `notify` wakes relays that LISTEN on PostgreSQL (`relaybox.storage.pg_listen`):
     when on, an add through a PostgreSQL connection also NOTIFYs the table's channel
@@ -61,6 +77,10 @@ class Outbox:
     ) -> None:
         self.table = validate_table_name(table)
         self.routing = Routing.of(targets, default_targets)
+        if type(max_payload_bytes) is not int or max_payload_bytes < 1:  # bool is no size
+            raise ConfigurationError(
+                f"max_payload_bytes={max_payload_bytes!r}: give a positive number of bytes"
+            )
         self.max_payload_bytes = max_payload_bytes
         self.notify_interval = _notify_interval(notify)
         self.notify_channel = notify_channel(self.table)
@@ -80,17 +100,29 @@ class Outbox:
                 check_size(messages.body, limit)
             batch = [messages]
             return batch, self.routing.rows(batch)
+        if not isinstance(messages, Iterable):
+            raise MessageError(
+                f"expected a relaybox.Message or an iterable of them, got {type(messages).__name__}"
+            )
         batch = list(messages)
         for message in batch:
             if isinstance(message, Message) and len(message.body) > limit:
                 check_size(message.body, limit)
         return batch, self.routing.rows(batch)
 
-    def add(self, connection: Any, messages: Message | Iterable[Message]) -> list[Message]:
+    def add(
+        self,
+        connection: Any,
+        messages: Message | Iterable[Message],
+        *,
+        allow_autocommit: bool = False,
+    ) -> list[Message]:
         """Write `messages` through a sync connection or session, in its transaction."""
         batch, rows = self._checked(messages)
         if batch:
             channel = sync_channel(connection)
+            if not allow_autocommit and channel.alone():
+                raise no_transaction(connection, "Outbox.add")
             notify = None if self.notify_interval is None else self._take_notify(channel.dialect)
             try:
                 for query, params in self._statements(channel, batch, rows, notify):
@@ -102,12 +134,18 @@ class Outbox:
         return batch
 
     async def add_async(
-        self, connection: Any, messages: Message | Iterable[Message]
+        self,
+        connection: Any,
+        messages: Message | Iterable[Message],
+        *,
+        allow_autocommit: bool = False,
     ) -> list[Message]:
         """Write `messages` through an async connection or session, in its transaction."""
         batch, rows = self._checked(messages)
         if batch:
             channel = await async_channel(connection)
+            if not allow_autocommit and channel.alone():
+                raise no_transaction(connection, "Outbox.add_async")
             notify = None if self.notify_interval is None else self._take_notify(channel.dialect)
             try:
                 for query, params in self._statements(channel, batch, rows, notify):
@@ -210,7 +248,7 @@ def _notify_interval(notify: bool | float) -> float | None:
         return DEFAULT_NOTIFY_INTERVAL
     if notify is False:
         return None
-    if not isinstance(notify, int | float) or not notify >= 0:
+    if not isinstance(notify, int | float) or not 0 <= notify < math.inf:
         raise ConfigurationError(
             f"notify={notify!r}: pass True, False or the seconds between NOTIFYs (>= 0)"
         )
