@@ -237,7 +237,8 @@ class Proxy:
 
     `cut()` resets every open connection and refuses new ones until `restore()`;
     `stall()` keeps every connection open, and accepts new ones, but forwards nothing
-    until `restore()`: a server that takes connections and never answers;
+    until `restore()`: a server that takes connections and never answers; `strand()`
+    then leaves those connections silent for good and lets new ones through;
     `delay` (seconds) holds back each chunk in either direction, for a slow link."""
 
     def __init__(self, target: int) -> None:
@@ -283,17 +284,22 @@ class Proxy:
         pair = {writer, up_writer}
         self._writers |= pair
         try:
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            flowing = self._flowing  # this connection's, even after `strand()`
+            assert flowing is not None
+            await asyncio.gather(
+                self._pipe(reader, up_writer, flowing), self._pipe(up_reader, writer, flowing)
+            )
         finally:
             for each in pair:
                 each.transport.abort()
             self._writers -= pair
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flowing: asyncio.Event
+    ) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await reader.read(65536):
-                assert self._flowing is not None
-                await self._flowing.wait()
+                await flowing.wait()
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 writer.write(data)
@@ -320,6 +326,10 @@ class Proxy:
         assert self._flowing is not None
         self._flowing.clear()
 
+    def _strand_now(self) -> None:
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+
     def _restore_now(self) -> None:
         assert self._flowing is not None
         self._refusing = False
@@ -331,6 +341,11 @@ class Proxy:
 
     def stall(self) -> None:
         self._in_loop(self._stall_now)
+
+    def strand(self) -> None:
+        """After `stall()`: the stalled connections stay silent for good, new ones flow
+        (a failover that leaves the old connections hanging)."""
+        self._in_loop(self._strand_now)
 
     def restore(self) -> None:
         self._in_loop(self._restore_now)

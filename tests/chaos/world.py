@@ -24,7 +24,7 @@ exactly once is checked there.
 
 Three seams for scenarios the faults here do not make: `ChaosWorld(start_relays=False)`
 with `start_relay(slot)` after `world.broker.halt()` starts a relay while its broker is
-down; `Relays.targets` gives each slot the targets its relay serves (`--broker
+down; `Relays.targets` names the targets each slot's relay serves (`--broker
 NAME=URL`, all on this world's broker); `stall_database(slot)` makes a relay's
 database accept connections and never answer.
 """
@@ -237,9 +237,9 @@ class Relays:
         self.procs: dict[int, subprocess.Popen[str]] = {}
         self.db_proxies: dict[int, Proxy] = {}
         self.broker_proxies: dict[int, Proxy] = {}
-        #: The targets each slot's relay serves (name -> broker URL); by default one,
-        #: "default", on this world's broker.
-        self.targets: dict[int, dict[str, str]] = {}
+        #: The targets each slot's relay serves, by name, each on this world's broker
+        #: through the slot's proxy; by default one, "default".
+        self.targets: dict[int, list[str]] = {}
         self.started = 0
         self.killed = 0
 
@@ -251,7 +251,7 @@ class Relays:
             self.broker_proxies[slot] = Proxy(world.broker.port)
         db_proxy = self.db_proxies.get(slot)
         broker_url = world.broker.relay_url(self.broker_proxies[slot].port)
-        targets = self.targets.get(slot, {"default": broker_url})
+        targets = dict.fromkeys(self.targets.get(slot, ["default"]), broker_url)
         log = (self._logs / f"relay{slot}-{self.started}.log").open("w")
         command = [
             RELAYBOX, "relay",
