@@ -1,22 +1,32 @@
-"""The chaos suite's world: a throwaway PostgreSQL and NATS, relay processes behind TCP
+"""The chaos suite's world: a throwaway database and broker, relay processes behind TCP
 proxies, writers that record every outcome, an inbox consumer that applies effects, and
 the history the checker reads.
 
-    async with ChaosWorld(relays=4) as world:
+    async with ChaosWorld(tmp_path, Combination("postgresql", "nats"), relays=4) as world:
         writers = world.writers(rate=1000)
         ...faults...
         report = await world.finish(writers)
 
-Writers commit orders and their messages in one transaction straight to PostgreSQL
+The database is PostgreSQL, MariaDB or SQLite (`tests.chaos.databases`), the broker
+NATS JetStream, Redis Streams or RabbitMQ (`tests.chaos.brokers`), each private.
+Writers commit orders and their messages in one transaction straight to the database
 (the application's own connection), rolling back one transaction in ten at random; a
 transaction whose COMMIT died with the connection is recorded as "unknown". Each key
 belongs to one writer, so its write order is its commit order. The relays reach the
-database and the broker each through a proxy of their own, which faults can cut.
+database and the broker each through a proxy of their own, which faults can cut (an
+SQLite file has no link: its relays open it directly).
 
-What was delivered is read back from the JetStream stream at the end, in stream order
-(the order the relays published in), with the server's timestamp of each message.
-Meanwhile a `NatsConsumer` with an `Inbox` applies each message's effect (one row in
-`effects`) in the same transaction as its inbox record: exactly once is checked there.
+What was delivered is read back from the broker at the end, in the broker's order (the
+order the relays published in), with the broker's timestamp of each message where it
+keeps one. Meanwhile the broker's relaybox consumer with an `Inbox` applies each
+message's effect (one row in `effects`) in the same transaction as its inbox record:
+exactly once is checked there.
+
+Three seams for scenarios the faults here do not make: `ChaosWorld(start_relays=False)`
+with `start_relay(slot)` after `world.broker.halt()` starts a relay while its broker is
+down; `Relays.targets` names the targets each slot's relay serves (`--broker
+NAME=URL`, all on this world's broker); `stall_database(slot)` makes a relay's
+database accept connections and never answer.
 """
 
 from __future__ import annotations
@@ -37,27 +47,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import nats
-import psycopg
-from nats.js.api import StorageType, StreamConfig
-
 from relaybox import Consumer, Inbox, Incoming, Message, Outbox
-from relaybox.consumers.nats import NatsConsumer
+from relaybox.consumers.base import BrokerConsumer
 from relaybox.migrations import migrate
-from relaybox.tools.embedded_nats import EmbeddedNats
+from tests.chaos.brokers import BROKERS, TOPIC, ChaosBroker
 from tests.chaos.checker import Delivered, Report, Written, check
-from tests.chaos.cluster import Proxy, ThrowawayPostgres
-from tests.databases import fetch_all
+from tests.chaos.cluster import Proxy
+from tests.chaos.databases import DATABASES, EFFECTS, ORDERS, ChaosDatabase, Session
 
 RELAYBOX = str(Path(sys.executable).with_name("relaybox"))
-TOPIC = "chaos.orders"
-STREAM = "CHAOS"
 PARTITIONS = 16
 LEASE = 3.0
-#: Inbox consumers, competing on one durable.
+#: Inbox consumers, competing on one durable, group or queue.
 CONSUMERS = 3
-#: The stream refuses messages over this size for good: the poison message's fault.
-MAX_MSG_SIZE = 64 * 1024
 #: A short retry schedule (about 2 s in all), so an outage outlasts it many times over.
 RELAY_OPTIONS = [
     "--lease", str(LEASE), "--partitions", str(PARTITIONS), "--batch-size", "200",
@@ -67,6 +69,18 @@ RELAY_OPTIONS = [
     "--publish-timeout", "3", "--shutdown-timeout", "3", "--cleanup-interval", "5",
     "--log-level", "WARNING",
 ]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Combination:
+    """One database (a key of `DATABASES`) with one broker (a key of `BROKERS`)."""
+
+    database: str
+    broker: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.database}+{self.broker}"
 
 
 @dataclasses.dataclass
@@ -100,12 +114,16 @@ class Outcome:
         kinds: dict[str, int] = {}
         for fault in self.faults:
             kinds[fault.kind] = kinds.get(fault.kind, 0) + 1
+        cuts = sum(n for kind, n in kinds.items() if kind.endswith("link cut"))
         lines = [
+            f"faults injected: kills={kinds.get('relay SIGKILL', 0)} "
+            f"broker_restarts={kinds.get('broker restart', 0)} "
+            f"db_restarts={kinds.get('database restart', 0)} cuts={cuts} "
+            f"slow_periods={kinds.get('slow broker', 0)}",
             self.report.summary(),
-            f"abandoned={len(self.abandoned)} effects applied={self.effects_applied} "
+            f"abandoned={len(self.abandoned)} inbox effects applied={self.effects_applied} "
             f"twice={len(self.effects_twice)} ghosts={len(self.effects_ghosts)} "
             f"missing={len(self.effects_missing)}",
-            "faults: " + (", ".join(f"{k}={n}" for k, n in sorted(kinds.items())) or "none"),
         ]
         for kind in sorted(kinds):
             times = [f.recovery for f in self.faults if f.kind == kind and f.recovery is not None]
@@ -122,11 +140,12 @@ class Writers:
     """Writer tasks committing orders with their messages at a steady overall rate."""
 
     def __init__(
-        self, url: str, outbox: Outbox, *, count: int, keys_each: int, rate: float
-    ) -> None:
+        self, database: ChaosDatabase, outbox: Outbox, *, count: int, keys_each: int,
+        rate: float,
+    ) -> None:  # fmt: skip
         self.written: list[Written] = []
         self.committed_at: dict[str, float] = {}
-        self._url, self._outbox, self._rate = url, outbox, rate
+        self._database, self._outbox, self._rate = database, outbox, rate
         self._stop = asyncio.Event()
         self._tasks = [
             asyncio.create_task(self._writer(n, [f"w{n}-k{k}" for k in range(keys_each)], count))
@@ -146,53 +165,56 @@ class Writers:
         per_txn = 5
         interval = per_txn * count / self._rate
         next_at = time.monotonic()
-        conn: psycopg.AsyncConnection[Any] | None = None
+        session: Session | None = None
         while not self._stop.is_set():
             next_at += interval
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), max(0.0, next_at - time.monotonic()))
             if self._stop.is_set():
                 break
-            if conn is None or conn.closed:
+            if session is None:
                 try:
-                    conn = await psycopg.AsyncConnection.connect(self._url, connect_timeout=2)
-                except psycopg.Error:
+                    session = await self._database.connect()
+                except self._database.errors:
                     await asyncio.sleep(0.2)
                     continue
             batch = [
                 Message(topic=TOPIC, key=key, payload={"writer": n, "order": str(uuid.uuid4())})
                 for key in rng.choices(keys, k=per_txn)
             ]
-            await self._transaction(conn, batch, rollback=rng.random() < 0.1)
-        if conn is not None:
-            await conn.close()
+            if not await self._transaction(session, batch, rollback=rng.random() < 0.1):
+                session = None
+        if session is not None:
+            await session.close()
 
-    async def _transaction(
-        self, conn: psycopg.AsyncConnection[Any], batch: list[Message], *, rollback: bool
-    ) -> None:
+    async def _transaction(self, session: Session, batch: list[Message], *, rollback: bool) -> bool:
+        """One transaction; False if its connection is to be dropped."""
+        mark = self._database.placeholder
+        insert = "INSERT INTO orders (id, order_key) VALUES " + ", ".join(
+            f"({mark}, {mark})" for _ in batch
+        )
         committing = False
         try:
-            async with conn.transaction():
-                await conn.execute(
-                    "INSERT INTO orders (id, key) SELECT unnest(%s::text[]), unnest(%s::text[])",
-                    ([str(m.id) for m in batch], [m.key for m in batch]),
-                )
-                await self._outbox.add_async(conn, batch)
-                if rollback:
-                    raise _Rollback
-                committing = True
-        except _Rollback:
-            self._record(batch, "rolled_back")
-        except psycopg.Error:
+            await session.begin()
+            await session.execute(insert, tuple(v for m in batch for v in (str(m.id), m.key)))
+            await self._outbox.add_async(session.raw, batch)
+            if rollback:
+                await session.rollback()
+                self._record(batch, "rolled_back")
+                return True
+            committing = True
+            await session.commit()
+        except self._database.errors:
             # Died before COMMIT was sent: rolled back. During COMMIT: nobody knows.
             self._record(batch, "unknown" if committing else "rolled_back")
-            with contextlib.suppress(psycopg.Error):
-                await conn.close()
-        else:
-            now = time.time()
-            for m in batch:
-                self.committed_at[str(m.id)] = now
-            self._record(batch, "committed")
+            with contextlib.suppress(*self._database.errors):
+                await session.close()
+            return False
+        now = time.time()
+        for m in batch:
+            self.committed_at[str(m.id)] = now
+        self._record(batch, "committed")
+        return True
 
     def committed_elsewhere(self, batch: list[Message]) -> None:
         """Messages committed by the test itself, to be judged with the rest."""
@@ -205,13 +227,9 @@ class Writers:
         self.written.extend(Written(str(m.id), m.key, outcome) for m in batch)
 
 
-class _Rollback(Exception):
-    pass
-
-
 class Relays:
-    """`relaybox relay` processes, each reaching the database and NATS through proxies of
-    its own; each is stopped by its PID."""
+    """`relaybox relay` processes, each reaching the database and the broker through
+    proxies of its own; each is stopped by its PID."""
 
     def __init__(self, world: ChaosWorld, logs: Path) -> None:
         self._world = world
@@ -219,19 +237,27 @@ class Relays:
         self.procs: dict[int, subprocess.Popen[str]] = {}
         self.db_proxies: dict[int, Proxy] = {}
         self.broker_proxies: dict[int, Proxy] = {}
+        #: The targets each slot's relay serves, by name, each on this world's broker
+        #: through the slot's proxy; by default one, "default".
+        self.targets: dict[int, list[str]] = {}
         self.started = 0
         self.killed = 0
 
     def start(self, slot: int) -> None:
         world = self._world
-        if slot not in self.db_proxies:
-            self.db_proxies[slot] = Proxy(world.pg.port)
-            self.broker_proxies[slot] = Proxy(world.nats.port)
+        if slot not in self.broker_proxies:
+            if world.database.port is not None:
+                self.db_proxies[slot] = Proxy(world.database.port)
+            self.broker_proxies[slot] = Proxy(world.broker.port)
+        db_proxy = self.db_proxies.get(slot)
+        broker_url = world.broker.relay_url(self.broker_proxies[slot].port)
+        targets = dict.fromkeys(self.targets.get(slot, ["default"]), broker_url)
         log = (self._logs / f"relay{slot}-{self.started}.log").open("w")
         command = [
-            RELAYBOX, "relay", "--db", world.pg.url_via(self.db_proxies[slot].port),
+            RELAYBOX, "relay",
+            "--db", world.database.relay_url(None if db_proxy is None else db_proxy.port),
             "--table", world.table,
-            "--broker", f"default=nats://127.0.0.1:{self.broker_proxies[slot].port}",
+            *(arg for name, url in targets.items() for arg in ("--broker", f"{name}={url}")),
             *RELAY_OPTIONS,
         ]  # fmt: skip
         self.started += 1
@@ -276,48 +302,49 @@ async def _bounded(what: str, step: Coroutine[Any, Any, object], seconds: float 
 
 
 class ChaosWorld:
-    def __init__(self, workdir: Path, relays: int = 4) -> None:
+    def __init__(
+        self, workdir: Path, combination: Combination, relays: int = 4, *,
+        start_relays: bool = True,
+    ) -> None:  # fmt: skip
         self.workdir = workdir
+        self.combination = combination
         self.relay_count = relays
         self.table = "chaos_outbox"
-        self.pg = ThrowawayPostgres()
-        self.nats = EmbeddedNats()
+        self.database: ChaosDatabase = DATABASES[combination.database]()
+        self.broker: ChaosBroker = BROKERS[combination.broker]()
         self.outbox = Outbox(table=self.table)
         self.relays = Relays(self, workdir)
         self.faults: list[Fault] = []
         self.effects_applied = 0
-        self._consumers: list[NatsConsumer] = []
-        self._connections: dict[asyncio.Task[Any] | None, psycopg.AsyncConnection[Any]] = {}
-        self._client: nats.aio.client.Client | None = None
+        self._start_relays = start_relays
+        self._consumers: list[BrokerConsumer] = []
+        self._sessions: dict[asyncio.Task[Any] | None, Session] = {}
 
     async def __aenter__(self) -> ChaosWorld:
-        await asyncio.to_thread(self.pg.start)
-        await asyncio.to_thread(self.nats.start)
-        await migrate(self.pg.url, table=self.table)
-        await migrate(self.pg.url, kind="inbox")
-        async with await psycopg.AsyncConnection.connect(self.pg.url, autocommit=True) as conn:
-            await conn.execute("CREATE TABLE orders (id text PRIMARY KEY, key text)")
-            await conn.execute("CREATE TABLE effects (message_id text NOT NULL)")
-        self._client = await nats.connect(
-            self.nats.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2
-        )
-        stream = StreamConfig(
-            name=STREAM, subjects=[TOPIC], storage=StorageType.FILE,
-            max_msg_size=MAX_MSG_SIZE, duplicate_window=120.0,
-        )  # fmt: skip
-        await self._client.jetstream().add_stream(stream)
-        for slot in range(self.relay_count):
-            await asyncio.to_thread(self.relays.start, slot)
+        try:
+            await self._set_up()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def _set_up(self) -> None:
+        await asyncio.to_thread(self.database.start)
+        await self.broker.start()
+        await migrate(self.database.url, table=self.table)
+        await migrate(self.database.url, kind="inbox")
+        await asyncio.to_thread(self.database.run, ORDERS)
+        await asyncio.to_thread(self.database.run, EFFECTS)
+        if self._start_relays:
+            for slot in range(self.relay_count):
+                await self.start_relay(slot)
         inbox = Inbox(consumer="chaos")
-        for _ in range(CONSUMERS):  # competing instances of one durable
-            consumer = NatsConsumer(
-                self.nats.url, Consumer(self._apply, inbox=inbox, transaction=self._transaction),
-                stream=STREAM, durable="chaos", prefetch=50, ack_wait=10.0, retry_delay=0.2,
-                max_retry_delay=2.0, reconnect_wait=0.2,
-            )  # fmt: skip
+        for _ in range(CONSUMERS):  # competing instances of one durable, group or queue
+            consumer = self.broker.consumer(
+                Consumer(self._apply, inbox=inbox, transaction=self._transaction)
+            )
             await consumer.start()
             self._consumers.append(consumer)
-        return self
 
     async def __aexit__(
         self,
@@ -328,46 +355,58 @@ class ChaosWorld:
         # Every step is bounded: a hung step must not keep the servers running.
         for consumer in self._consumers:
             await _bounded("stop an inbox consumer", consumer.stop())
-        for conn in self._connections.values():
-            await _bounded("close a consumer's connection", conn.close())
-        if self._client is not None:
-            await _bounded("close the NATS client", self._client.close())
+        for session in self._sessions.values():
+            await _bounded("close a consumer's connection", session.close())
         await asyncio.to_thread(self.relays.stop_all)
-        await asyncio.to_thread(self.nats.stop)
-        await asyncio.to_thread(self.pg.destroy)
+        await _bounded("stop the broker", self.broker.destroy(), 60.0)
+        await asyncio.to_thread(self.database.destroy)
+
+    async def start_relay(self, slot: int) -> None:
+        await asyncio.to_thread(self.relays.start, slot)
 
     # -- the inbox side ----------------------------------------------------------------
 
-    async def _apply(self, message: Incoming, conn: psycopg.AsyncConnection[Any]) -> None:
-        await conn.execute("INSERT INTO effects (message_id) VALUES (%s)", (message.id,))
+    async def _apply(self, message: Incoming, conn: Any) -> None:
+        # `conn` is the raw connection of this task's session (see `_transaction`).
+        session = self._sessions[asyncio.current_task()]
+        assert session.raw is conn
+        mark = self.database.placeholder
+        await session.execute(f"INSERT INTO effects (message_id) VALUES ({mark})", (message.id,))
         self.effects_applied += 1
 
     @contextlib.asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def _transaction(self) -> AsyncIterator[Any]:
         # One connection per consumer task (they process one message at a time each),
         # opened again after the database restarts.
         task = asyncio.current_task()
-        conn = self._connections.get(task)
-        if conn is None or conn.closed or conn.broken:
-            conn = await psycopg.AsyncConnection.connect(self.pg.url, connect_timeout=2)
-            self._connections[task] = conn
+        session = self._sessions.get(task)
+        if session is None or not session.usable:
+            session = await self.database.connect()
+            self._sessions[task] = session
         try:
-            async with conn.transaction():
-                yield conn
-        except psycopg.OperationalError:
-            with contextlib.suppress(psycopg.Error):
-                await conn.close()
+            await session.begin()
+            yield session.raw
+            await session.commit()
+        except BaseException:
+            with contextlib.suppress(*self.database.errors):
+                await session.rollback()
+            if not session.usable:
+                del self._sessions[task]
             raise
 
     # -- workload and faults -----------------------------------------------------------
 
     def writers(self, rate: float, count: int = 4, keys_each: int = 25) -> Writers:
-        return Writers(self.pg.url, self.outbox, count=count, keys_each=keys_each, rate=rate)
+        return Writers(self.database, self.outbox, count=count, keys_each=keys_each, rate=rate)
 
     async def write(self, messages: list[Message]) -> None:
-        async with await psycopg.AsyncConnection.connect(self.pg.url) as conn:
-            await self.outbox.add_async(conn, messages)
-            await conn.commit()
+        session = await self.database.connect()
+        try:
+            await session.begin()
+            await self.outbox.add_async(session.raw, messages)
+            await session.commit()
+        finally:
+            await session.close()
 
     @contextlib.asynccontextmanager
     async def fault(self, kind: str) -> AsyncIterator[None]:
@@ -381,30 +420,34 @@ class ChaosWorld:
         slot = rng.choice(sorted(self.relays.procs))
         async with self.fault("relay SIGKILL"):
             await asyncio.to_thread(self.relays.kill, slot)
-        await asyncio.to_thread(self.relays.start, slot)
+        await self.start_relay(slot)
 
     async def restart_broker(self, down: float = 1.0) -> None:
         async with self.fault("broker restart"):
-            await asyncio.to_thread(self.nats.halt)
+            await self.broker.halt()
             await asyncio.sleep(down)
-            await asyncio.to_thread(self.nats.start)
+            await self.broker.resume()
 
     async def restart_database(self, down: float = 1.0) -> None:
         async with self.fault("database restart"):
-            await asyncio.to_thread(self.pg.crash)
+            await asyncio.to_thread(self.database.crash)
             await asyncio.sleep(down)
-            await asyncio.to_thread(self.pg.start)
+            await asyncio.to_thread(self.database.start)
 
     async def cut(self, rng: random.Random, seconds: float) -> None:
-        slot = rng.choice(sorted(self.relays.db_proxies))
-        which = rng.choice(["database", "broker"])
-        proxy = (self.relays.db_proxies if which == "database" else self.relays.broker_proxies)[
-            slot
-        ]
+        """Cut one relay's link to the broker or to the database (where it has one)."""
+        slot = rng.choice(sorted(self.relays.broker_proxies))
+        which = rng.choice(["database", "broker"]) if self.relays.db_proxies else "broker"
+        proxies = self.relays.db_proxies if which == "database" else self.relays.broker_proxies
         async with self.fault(f"{which} link cut"):
-            await asyncio.to_thread(proxy.cut)
+            await asyncio.to_thread(proxies[slot].cut)
             await asyncio.sleep(seconds)
-            await asyncio.to_thread(proxy.restore)
+            await asyncio.to_thread(proxies[slot].restore)
+
+    async def stall_database(self, slot: int) -> None:
+        """From now on, relay `slot`'s database takes connections and never answers
+        (until `self.relays.db_proxies[slot].restore()`)."""
+        await asyncio.to_thread(self.relays.db_proxies[slot].stall)
 
     async def slow_broker(self, delay: float, seconds: float) -> None:
         async with self.fault("slow broker"):
@@ -417,7 +460,7 @@ class ChaosWorld:
     # -- the end -----------------------------------------------------------------------
 
     async def _query(self, query: str) -> list[tuple[Any, ...]]:
-        return await asyncio.to_thread(fetch_all, self.pg.url, query)
+        return await asyncio.to_thread(self.database.fetch_all, query)
 
     async def live_rows(self) -> int:
         live = "status IN ('pending', 'processing', 'failed')"
@@ -426,8 +469,8 @@ class ChaosWorld:
 
     async def abandoned(self) -> list[tuple[str, str]]:
         found = await self._query(
-            # Abandoned rows live in the table of finished rows (migration 0007).
-            f"SELECT id::text, last_error FROM {self.table}_done WHERE status = 'abandoned'"
+            f"SELECT {self.database.id_text}, last_error "
+            f"FROM {self.table}{self.database.finished_suffix} WHERE status = 'abandoned'"
         )
         return [(str(i), str(error)) for i, error in found]
 
@@ -438,29 +481,11 @@ class ChaosWorld:
                 raise AssertionError(f"the outbox did not drain within {timeout:g} s")
             await asyncio.sleep(0.5)
 
-    async def delivered(self) -> list[tuple[str, str | None, float]]:
-        """(id, key, server timestamp) of every message in the stream, in stream order."""
-        assert self._client is not None
-        js = self._client.jetstream()
-        info = await js.stream_info(STREAM)
-        total = info.state.messages
-        sub = await js.subscribe(TOPIC, ordered_consumer=True)
-        found: list[tuple[str, str | None, float]] = []
-        try:
-            while len(found) < total:
-                msg = await sub.next_msg(timeout=10)
-                headers = msg.headers or {}
-                stamp = msg.metadata.timestamp.timestamp()
-                found.append((headers["ce-id"], headers.get("ce-partitionkey"), stamp))
-        finally:
-            await sub.unsubscribe()
-        return found
-
     async def finish(self, writers: Writers, timeout: float = 180.0) -> Outcome:
         """Stop writing, let everything drain, and judge the history."""
         await writers.stop()
         await self.drained(timeout)
-        delivered = await self.delivered()
+        delivered = await self.broker.delivered()
         distinct = {d[0] for d in delivered}
         committed = {w.id for w in writers.written if w.outcome == "committed"}
         rolled_back = {w.id for w in writers.written if w.outcome == "rolled_back"}
@@ -474,7 +499,8 @@ class ChaosWorld:
         report = check(writers.written, (Delivered(i, k) for i, k, _ in delivered))
         published_at: dict[str, float] = {}
         for message_id, _, stamp in delivered:
-            published_at.setdefault(message_id, stamp)
+            if stamp is not None:
+                published_at.setdefault(message_id, stamp)
         self._recoveries(writers.committed_at, published_at)
         return Outcome(
             report=report,
