@@ -1,4 +1,14 @@
-"""Database URLs: which dialect and driver, and a form safe to log."""
+"""Database URLs: which dialect and driver, relaybox's own options, and a form safe to log.
+
+relaybox reads two options from the query string and keeps them from the driver:
+
+    connect_timeout  seconds to connect and start a session (default 5)
+    command_timeout  seconds one statement may take (default 30); the database stops it
+                     at that (PostgreSQL, MariaDB, MySQL's SELECTs), and a statement
+                     still unanswered a second later drops its connection
+
+    postgresql://relay@db.example/shop?connect_timeout=3&command_timeout=10
+"""
 
 from __future__ import annotations
 
@@ -31,6 +41,9 @@ _DIALECT_CLIENTS: dict[str, tuple[str, ...]] = {
 }
 _CLIENTS = frozenset(c for clients in _DIALECT_CLIENTS.values() for c in clients)
 
+#: relaybox's own query options and their defaults, in seconds.
+TIMEOUT_OPTIONS = {"connect_timeout": 5.0, "command_timeout": 30.0}
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DatabaseUrl:
@@ -43,6 +56,10 @@ class DatabaseUrl:
     password: str | None
     database: str
     query: dict[str, str]
+    #: Seconds to connect and start a session.
+    connect_timeout: float = TIMEOUT_OPTIONS["connect_timeout"]
+    #: Seconds one statement may take.
+    command_timeout: float = TIMEOUT_OPTIONS["command_timeout"]
 
     @classmethod
     def parse(cls, url: str) -> DatabaseUrl:
@@ -65,6 +82,7 @@ class DatabaseUrl:
             port = parts.port
         except ValueError as exc:
             raise ConfigurationError(f"bad port in database URL: {exc}") from exc
+        query = dict(urllib.parse.parse_qsl(parts.query))
         return cls(
             url=url,
             dialect=dialect,
@@ -74,7 +92,8 @@ class DatabaseUrl:
             user=urllib.parse.unquote(parts.username) if parts.username else None,
             password=urllib.parse.unquote(parts.password) if parts.password else None,
             database=database,
-            query=dict(urllib.parse.parse_qsl(parts.query)),
+            query=query,
+            **{name: _seconds(query, name, mask_password(url)) for name in TIMEOUT_OPTIONS},
         )
 
     @property
@@ -92,6 +111,25 @@ class DatabaseUrl:
         return mask_password(self.url)
 
     def libpq_dsn(self) -> str:
-        """A postgresql:// URL without the +driver suffix, for asyncpg and psycopg."""
-        scheme_end = self.url.index("://")
-        return "postgresql" + self.url[scheme_end:]
+        """A postgresql:// URL without the +driver suffix and without relaybox's own
+        options, for asyncpg and psycopg (asyncpg would send an option it does not know
+        to the server as a setting)."""
+        dsn = "postgresql" + self.url[self.url.index("://") :]
+        if not any(name in self.query for name in TIMEOUT_OPTIONS):
+            return dsn
+        base, _, query = dsn.partition("?")
+        kept = [(k, v) for k, v in urllib.parse.parse_qsl(query) if k not in TIMEOUT_OPTIONS]
+        return f"{base}?{urllib.parse.urlencode(kept)}" if kept else base
+
+
+def _seconds(query: dict[str, str], name: str, masked: str) -> float:
+    raw = query.get(name)
+    if raw is None:
+        return TIMEOUT_OPTIONS[name]
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ConfigurationError(f"{name}={raw!r} in {masked}: give a number of seconds above 0")
+    return value
