@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
-from relaybox.core.circuit import CircuitBreaker, CircuitPolicy
-from relaybox.core.publishing import PublishResult, permanent, transient, unavailable
+from relaybox.core.circuit import CircuitBreaker, CircuitPolicy, CircuitState
+from relaybox.core.publishing import PublishResult, permanent, timed_out, transient, unavailable
 from relaybox.core.records import StoredMessage
 from relaybox.core.retry import RetryPolicy
 from relaybox.publishers.memory import MemoryPublisher
@@ -79,6 +80,38 @@ async def test_unreachable_is_not_believed_when_the_same_call_confirmed_others()
     await delivery(publisher).run([stored(1, "a"), stored(2, "b")], settlement)
     assert settlement.published == [1]
     assert [(f.seq, f.error) for f in settlement.failed] == [(2, "refused")]
+
+
+class Silent(MemoryPublisher):
+    """A broker that takes the call and never answers."""
+
+    async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_broker_that_never_answers_costs_no_attempt_and_opens_the_circuit() -> None:
+    circuit = CircuitBreaker(CircuitPolicy(failure_threshold=3))
+    retry = RetryPolicy(base_delay=1.0, jitter=0.0, max_attempts=2)
+    silent = Delivery({"default": Silent()}, {"default": circuit}, retry, publish_timeout=0.01)
+    for _ in range(3):
+        settlement = Settlement()
+        await silent.run([stored(1, "a", attempts=1), stored(2, "a")], settlement)
+        assert settlement.released == [1, 2]  # the broker may hold 1: not its last attempt
+        assert not settlement.failed
+        assert not settlement.abandoned
+    assert circuit.state is CircuitState.OPEN
+    assert silent.counters["default"].unavailable == 3
+
+
+async def test_no_answer_in_time_costs_no_attempt_even_beside_confirmed_messages() -> None:
+    publisher = Recorder({2: timed_out("no ack in time")})
+    settlement = Settlement()
+    await delivery(publisher, max_attempts=1).run([stored(1, "a"), stored(2, "b")], settlement)
+    assert settlement.published == [1]
+    assert settlement.released == [2]
+    assert not settlement.failed
+    assert not settlement.abandoned
 
 
 async def test_permanent_failures_and_exhausted_retries_are_abandoned() -> None:

@@ -24,6 +24,12 @@ class PublishResult:
     #: message, so it costs the message no attempt: an outage, however long, abandons
     #: nothing; the target's circuit pauses it instead.
     unavailable: bool = False
+    #: A TRANSIENT failure because the broker did not answer in time: it may have
+    #: stored the message. It costs the message no attempt either (a broker that takes
+    #: connections and never answers would otherwise abandon messages it may hold); the
+    #: message is published again, and a broker that deduplicates drops the copy. The
+    #: target's circuit counts the failure.
+    timed_out: bool = False
 
     @property
     def acked(self) -> bool:
@@ -40,6 +46,11 @@ def transient(error: str) -> PublishResult:
 def unavailable(error: str) -> PublishResult:
     """The broker is unreachable: retried without counting an attempt."""
     return PublishResult(Outcome.TRANSIENT, error, unavailable=True)
+
+
+def timed_out(error: str) -> PublishResult:
+    """No answer in time, so the outcome is unknown: retried without counting an attempt."""
+    return PublishResult(Outcome.TRANSIENT, error, timed_out=True)
 
 
 def permanent(error: str) -> PublishResult:

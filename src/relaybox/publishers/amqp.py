@@ -30,8 +30,10 @@ Outcomes:
   fails every message in flight on it, so those are sent again one at a time on a
   private channel: only the message that fails alone is blamed.
 - nacked (a full queue with `reject-publish`, a broker fault) -> TRANSIENT.
-- connection refused or lost, no confirm within `timeout` -> TRANSIENT. The next call
-  connects again, so a publisher outlives a broker restart.
+- connection refused or lost -> TRANSIENT. The next call connects again, so a publisher
+  outlives a broker restart.
+- no confirm within `timeout` -> TRANSIENT, without an attempt counted: the broker may
+  have queued it.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from relaybox.core.publishing import (
     PublisherFeatures,
     PublishResult,
     permanent,
+    timed_out,
     transient,
     unavailable,
 )
@@ -110,10 +113,12 @@ def _alive(connection: AbstractConnection | None) -> bool:
     return connection is not None and not connection.is_closed and connection.connected.is_set()
 
 
-async def _close_quietly(connection: AbstractConnection | None) -> None:
+async def _close_quietly(connection: AbstractConnection | None, timeout: float) -> None:
+    """Close, waiting `timeout` at most for a broker that does not answer."""
     if connection is not None:
         with contextlib.suppress(*_OPENING_ERRORS):
-            await connection.close()
+            async with asyncio.timeout(timeout):
+                await connection.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +176,7 @@ class AmqpPublisher:
     async def close(self) -> None:
         async with self._lock:
             connection, self._connection, self._lane = self._connection, None, None
-        await _close_quietly(connection)
+        await _close_quietly(connection, self._timeout)
 
     async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
         deadline = asyncio.get_running_loop().time() + self._timeout
@@ -195,7 +200,7 @@ class AmqpPublisher:
     async def _open_lane(self) -> _Lane:
         connection = self._connection
         if connection is None or not _alive(connection):
-            await _close_quietly(connection)
+            await _close_quietly(connection, self._timeout)
             self._connection = None
             connection = self._connection = await aio_pika.connect(self._url, timeout=self._timeout)
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
@@ -237,7 +242,7 @@ class AmqpPublisher:
         if isinstance(error, DeliveryError):
             return transient(f"RabbitMQ refused to confirm: {_describe(error)}")
         if isinstance(error, TimeoutError):
-            return transient(f"no confirm from RabbitMQ within {self._timeout} s")
+            return timed_out(f"no confirm from RabbitMQ within {self._timeout:g} s")
         if isinstance(error, ChannelClosed | ChannelInvalidStateError):
             return self._lost(error)
         if isinstance(error, _CONNECTION_ERRORS):
@@ -281,6 +286,6 @@ class AmqpPublisher:
             except _OPENING_ERRORS:
                 # aiormq may still write to a channel the broker closed, which makes the
                 # broker close the whole connection (504 CHANNEL_ERROR): connect again.
-                await _close_quietly(self._connection)
+                await _close_quietly(self._connection, self._timeout)
                 self._connection, self._lane = None, None
                 return await self._open_lane()

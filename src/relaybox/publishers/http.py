@@ -29,8 +29,9 @@ The receiver recomputes the HMAC over the timestamp, a dot and the raw body byte
 received, compares in constant time, and refuses a timestamp older than a few minutes,
 so a captured request cannot be replayed later. `verify_signature` does all of that.
 
-Results: 2xx is a confirm. 408, 429, 5xx, timeouts and network errors are transient
-(with any Retry-After in the error text); every other status (3xx, 4xx) is permanent,
+Results: 2xx is a confirm. 408, 429, 5xx and network errors are transient (with any
+Retry-After in the error text); no response in time is transient without an attempt
+counted (the receiver may have taken it); every other status (3xx, 4xx) is permanent,
 its error naming the status and the start of the response body.
 """
 
@@ -52,6 +53,7 @@ from relaybox.core.publishing import (
     PublisherFeatures,
     PublishResult,
     permanent,
+    timed_out,
     transient,
     unavailable,
 )
@@ -201,8 +203,8 @@ class HttpPublisher:
                 return permanent(f"webhook request refused by the HTTP client: {error}")
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:  # never sent
                 return unavailable(f"webhook unreachable: {_describe(error)}")
-            except httpx.TimeoutException:
-                return transient(f"webhook timed out after {self._timeout} s")
+            except httpx.TimeoutException:  # the receiver may have acted on it
+                return timed_out(f"webhook timed out after {self._timeout:g} s")
             except httpx.TransportError as error:
                 return transient(f"webhook connection failed: {_describe(error)}")
         return classify(response)

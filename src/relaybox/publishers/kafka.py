@@ -16,12 +16,14 @@ The record key is the message key (so a key stays in one partition), the value i
 payload, and the CloudEvents Kafka binding in binary mode puts the attributes in
 `ce_<name>` headers and the content type in `content-type`; the message's own headers
 travel beside them. A message too large, for an invalid topic name or refused for
-authorisation fails permanently; connection loss, timeouts and leader moves are transient.
+authorisation fails permanently; connection loss and leader moves are transient; no
+answer in time is transient without an attempt counted (the broker may hold it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import re
 from collections.abc import Sequence
@@ -37,6 +39,7 @@ from relaybox.core.publishing import (
     PublisherFeatures,
     PublishResult,
     permanent,
+    timed_out,
     transient,
     unavailable,
 )
@@ -66,6 +69,13 @@ _PERMANENT: tuple[type[BaseException], ...] = (
 _UNREACHABLE: tuple[type[BaseException], ...] = (
     kafka_errors.KafkaConnectionError,
     kafka_errors.NodeNotReadyError,
+)
+
+
+#: No answer in time: the broker may have written the record.
+_NO_ANSWER: tuple[type[BaseException], ...] = (
+    kafka_errors.KafkaTimeoutError,
+    kafka_errors.RequestTimedOutError,
 )
 
 
@@ -107,6 +117,8 @@ def classify(error: BaseException) -> PublishResult:
     text = f"{type(error).__name__}: {error}"
     if isinstance(error, _PERMANENT):
         return permanent(text)
+    if isinstance(error, _NO_ANSWER):
+        return timed_out(text)
     return unavailable(text) if isinstance(error, _UNREACHABLE) else transient(text)
 
 
@@ -178,7 +190,9 @@ class KafkaPublisher:
     async def close(self) -> None:
         if self._producer is not None:
             producer, self._producer = self._producer, None
-            await producer.stop()  # flushes; unconfirmed batches expire after the timeout
+            with contextlib.suppress(TimeoutError):  # brokers that do not answer
+                async with asyncio.timeout(2 * self._timeout):
+                    await producer.stop()  # flushes; unconfirmed batches expire
 
     async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
         if self._producer is None:
@@ -199,7 +213,7 @@ class KafkaPublisher:
             # aiokafka keeps a record waiting while no broker answers, so an outage shows
             # only as timeouts: a TCP probe of the bootstrap servers tells them apart.
             down = unavailable(f"no Kafka broker at {self.bootstrap_servers} accepts connections")
-        return [o if isinstance(o, PublishResult) else down or transient(o.error) for o in outcomes]
+        return [o if isinstance(o, PublishResult) else down or timed_out(o.error) for o in outcomes]
 
     async def _reachable(self) -> bool:
         """Whether any bootstrap server accepts a TCP connection (within a second)."""

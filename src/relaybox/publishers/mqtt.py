@@ -25,8 +25,9 @@ With QoS 2 the PUBREC's code counts (paho would complete the flow regardless). S
 what the client will not send: an empty topic or one with a `+`/`#` wildcard, a header
 over 65535 bytes, or a packet over the broker's Maximum Packet Size (which a broker
 answers by disconnecting, failing everything in flight with it).
-A lost connection, a refused reconnect or a timeout is transient; the next publish()
-reconnects (aiomqtt clients do not reconnect by themselves).
+A lost connection or a refused reconnect is transient; the next publish() reconnects
+(aiomqtt clients do not reconnect by themselves). No confirm in time is transient
+without an attempt counted: the broker may have taken the message.
 
 Client internals: aiomqtt keeps the paho client it drives private (`Client._client`),
 and what relaybox needs beyond a plain publish or subscribe is only on that paho
@@ -75,6 +76,7 @@ from relaybox.core.publishing import (
     PublisherFeatures,
     PublishResult,
     permanent,
+    timed_out,
     transient,
     unavailable,
 )
@@ -424,7 +426,7 @@ class MqttPublisher:
             except ValueError as error:  # wildcards, overlong topic or header, huge payload
                 return permanent(f"MQTT cannot send this message on {topic!r}: {error}")
             except TimeoutError:
-                return transient(_TIMED_OUT)
+                return timed_out(_TIMED_OUT)
             except aiomqtt.MqttError as error:
                 return unavailable(f"MQTT connection: {_describe(error)}")
         return _result(code)

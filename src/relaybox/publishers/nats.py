@@ -25,13 +25,15 @@ PubAcks come back on one inbox subscription and settle the call that waits for t
 
 Outcomes: no stream for the subject, a message over the server's max_payload or the
 stream's max_msg_size, a bad subject or header, a denied subject -> permanent; a
-full stream with discard=new, a JetStream API 5xx, a lost connection, no ack in time
--> transient.
+full stream with discard=new, a JetStream API 5xx, a lost connection -> transient; no
+ack in time -> transient without an attempt counted (the stream may have stored it:
+`Nats-Msg-Id` drops the copy sent again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -51,6 +53,7 @@ from relaybox.core.publishing import (
     PublisherFeatures,
     PublishResult,
     permanent,
+    timed_out,
     transient,
     unavailable,
 )
@@ -313,9 +316,13 @@ class NatsPublisher:
         logger.debug("nats client error: %s", text, extra={"action": "nats_error"})
 
     async def close(self) -> None:
+        """Flush what is buffered and disconnect; a server that takes nothing more
+        within `timeout` is left behind."""
         client, self._client, self._acks = self._client, None, None
         if client is not None and not client.is_closed:
-            await client.close()  # flushes what is buffered, then disconnects
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._timeout):
+                    await client.close()
 
     async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
         if self._client is None:
@@ -439,4 +446,4 @@ class NatsPublisher:
     def _missing(self, connected: bool) -> PublishResult:
         if not connected:  # the connection dropped while we waited
             return unavailable(f"NATS connection to {self._masked} lost before the ack")
-        return transient(f"no JetStream ack within {self._timeout} s")
+        return timed_out(f"no JetStream ack within {self._timeout:g} s")

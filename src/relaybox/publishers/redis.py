@@ -24,14 +24,16 @@ connection (`send_packed_command`, `read_response`: what its own pipelines use),
 connecting, AUTH, TLS, health checks and reply parsing stay redis-py's.
 
 A key holding another type (WRONGTYPE), a refused permission, a bad argument or text
-UTF-8 cannot carry fails permanently; connection loss, timeouts, OOM, loading and
-read-only replicas are transient. Replies read before a connection broke keep their
+UTF-8 cannot carry fails permanently; connection loss, OOM, loading and read-only
+replicas are transient; no reply in time is transient without an attempt counted (the
+entry may have been added). Replies read before a connection broke keep their
 outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import cast
@@ -47,6 +49,7 @@ from relaybox.core.publishing import (
     PublisherFeatures,
     PublishResult,
     permanent,
+    timed_out,
     transient,
     unavailable,
 )
@@ -143,9 +146,11 @@ def classify(error: BaseException) -> PublishResult:
         return permanent(text)
     if isinstance(error, redis_errors.ResponseError) and not isinstance(error, _TRANSIENT_REPLIES):
         return permanent(text)  # WRONGTYPE, a bad MAXLEN, an unknown command
+    if isinstance(error, redis_errors.TimeoutError | TimeoutError):
+        return timed_out(text)  # the server may have run the command
     if isinstance(error, redis_errors.ConnectionError | ConnectionError):
         return unavailable(text)  # refused, reset, closed: the server is not there
-    return transient(text)  # timeout, BUSY LOADING, OOM, READONLY
+    return transient(text)  # BUSY LOADING, OOM, READONLY
 
 
 class RedisPublisher:
@@ -189,7 +194,9 @@ class RedisPublisher:
     async def close(self) -> None:
         if self._client is not None:
             client, self._client = self._client, None
-            await client.aclose()
+            with contextlib.suppress(TimeoutError):  # a server that does not answer
+                async with asyncio.timeout(self._timeout):
+                    await client.aclose()
 
     async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
         if self._client is None:
@@ -230,7 +237,11 @@ class RedisPublisher:
                 for _ in range(count):
                     replies.append(await _reply(connection))
         except TimeoutError:
-            failure = transient(f"no reply from Redis within {self._timeout}s")
+            failure = (
+                timed_out(f"no reply from Redis within {self._timeout:g} s")
+                if connection is not None
+                else unavailable(f"no connection to Redis within {self._timeout:g} s")
+            )
         except (redis_errors.RedisError, OSError) as error:
             failure = classify(error)
         else:

@@ -8,8 +8,11 @@ handed back untouched (no attempt counted) and stays behind it in the table.
 
 A transient failure counts an attempt against its message, except when the broker
 could not be reached at all (`PublishResult.unavailable`, and no message of the call
-confirmed): then the message is handed back as it was and the target's circuit counts
-the failure, so an outage longer than the whole retry schedule abandons nothing.
+confirmed) or did not answer in time (`PublishResult.timed_out`: it may hold the
+message): then the message is handed back as it was and the target's circuit counts
+the failure, so an outage longer than the whole retry schedule, or a broker that
+takes connections and never answers, abandons nothing. Only a broker's answer counts an
+attempt.
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from relaybox.core.circuit import CircuitBreaker, CircuitState
-from relaybox.core.publishing import ACKED, Outcome, PublishResult, transient, unavailable
+from relaybox.core.publishing import (
+    ACKED,
+    Outcome,
+    PublishResult,
+    timed_out,
+    transient,
+    unavailable,
+)
 from relaybox.core.records import Failure, StoredMessage
 from relaybox.core.retry import RetryPolicy
 from relaybox.core.signals import TargetCounters
@@ -130,7 +140,7 @@ class Delivery:
             counters.abandoned += 1
             out.abandoned.append(Failure(message.seq, error))
             return True  # abandoned is final: the key's next message may follow it
-        if result.unavailable:  # the target is down (or paused): no fault of the message
+        if result.unavailable or result.timed_out:  # down, paused or silent: no verdict
             counters.unavailable += 1
             out.released.append(message.seq)
             return False
@@ -207,7 +217,8 @@ class Delivery:
             async with asyncio.timeout(self._timeout):
                 results = await self._publishers[target].publish(batch)
         except TimeoutError:
-            results = [transient(f"publish timed out after {self._timeout:g}s")] * len(batch)
+            silent = timed_out(f"no answer from the broker within {self._timeout:g} s")
+            results = [silent] * len(batch)
         except Exception as error:  # noqa: BLE001 - any publisher failure is retried later
             logger.warning("publish raised %r", error, extra={"action": "publish_error"})
             results = [transient(f"{type(error).__name__}: {error}")] * len(batch)

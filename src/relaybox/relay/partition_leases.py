@@ -113,30 +113,29 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
 
     async def _deliver(self, claim: Claim) -> None:
         """Publish and settle rows read from held partitions, never past the partition
-        lease as last renewed: once it may have run out, another relay may own them."""
+        lease as last renewed: once it may have run out, another relay may own them.
+        Cancelled (stop()), it settles what the brokers confirmed, unless cancelled
+        again meanwhile."""
         settlement = Settlement()
-        margin = self._guard_margin()
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout_at(self._guard_at(loop, margin)) as guard:
+            async with asyncio.timeout_at(self._guard_at(loop, self._guard_margin())) as guard:
                 self._guards.add(guard)
                 try:
                     await self._delivery.run(
                         claim.messages, settlement, lambda: time.monotonic() < self._held_until
                     )
-                except asyncio.CancelledError:  # stop() or the lease guard
-                    if guard.expired():
-                        self.metrics.leases_lost += 1
-                    await asyncio.shield(self._settle(settlement))
-                    raise
                 finally:
                     self._guards.discard(guard)
         except TimeoutError:
+            self.metrics.leases_lost += 1
             logger.warning(
                 "partition lease ran out while publishing; the rest is left to the next owner",
                 extra={"action": "lease_lost"},
             )
-            return
+        except asyncio.CancelledError:
+            await self._settle(settlement)
+            raise
         await self._settle(settlement)
 
     def _guard_margin(self) -> float:

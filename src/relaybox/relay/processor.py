@@ -44,6 +44,10 @@ logger = logging.getLogger(__name__)
 #: the next try). After the last, the batch is given up: its rows come back later.
 SETTLE_RETRY_DELAYS = (0.05, 0.2, 0.8, 3.2)
 
+#: After the shutdown timeout, how long cancelled batches may take to record what was
+#: confirmed, and then how long giving the partitions back may take.
+STOP_GRACE = 2.0
+
 P = TypeVar("P", bound=Storage)
 R = TypeVar("R")
 
@@ -177,7 +181,11 @@ class Processor(abc.ABC, Generic[P]):
         return self._delivery.counters
 
     async def stop(self, timeout: float) -> None:
-        """Stop claiming; let in-flight batches finish for `timeout`, then release them."""
+        """Stop claiming; let in-flight batches finish for `timeout`, then cancel them
+        and what else runs. A cancelled batch records what its brokers confirmed and
+        hands back the rest, within STOP_GRACE; then the partitions are given back,
+        within STOP_GRACE too. Nothing waits longer on a database or broker that froze:
+        what is still stuck is cancelled again, and its rows come back later."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         self._stopping.set()
@@ -191,16 +199,19 @@ class Processor(abc.ABC, Generic[P]):
             await asyncio.wait(claim_loop, timeout=timeout)
         while self._deliveries and loop.time() < deadline:
             await asyncio.wait(set(self._deliveries), timeout=deadline - loop.time())
-        pending = set(self._deliveries)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
         reading = [self._stats_reading] if self._stats_reading is not None else []
-        for task in (*self._tasks, *reading):
+        running = {*self._deliveries, *self._tasks, *reading}
+        for task in running:
             task.cancel()
-        await asyncio.gather(*self._tasks, *reading, return_exceptions=True)
-        await self._left()
+        await _end(running, STOP_GRACE)
+        try:
+            async with asyncio.timeout(STOP_GRACE):
+                await self._left()
+        except TimeoutError:
+            logger.warning(
+                "gave up giving the partitions back after %g s; they expire instead",
+                STOP_GRACE, extra={"action": "stop"},
+            )  # fmt: skip
 
     # -- the table's counts, for the operational signals ----------------------------
 
@@ -373,3 +384,19 @@ class Processor(abc.ABC, Generic[P]):
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
+
+
+async def _end(tasks: set[asyncio.Task[None]], grace: float) -> None:
+    """Wait `grace` seconds for cancelled `tasks` to wind up, then cancel those still
+    busy (a settle stuck on a silent database) and wait as long again for them."""
+    if not tasks:
+        return
+    _, busy = await asyncio.wait(tasks, timeout=grace)
+    for task in busy:
+        task.cancel()
+    if busy:
+        _, stuck = await asyncio.wait(busy, timeout=grace)
+        if stuck:
+            logger.warning(
+                "%d task(s) did not end when cancelled", len(stuck), extra={"action": "stop"}
+            )

@@ -41,7 +41,9 @@ class RowLeaseProcessor(Processor[RowLeaseStorage]):
         )
 
     async def _deliver(self, claim: Claim) -> None:
-        """Publish and settle one claim, never past its lease."""
+        """Publish and settle one claim, never past its lease. Cancelled (stop()), it
+        settles what the brokers confirmed and releases the rest, unless cancelled
+        again meanwhile."""
         lease = self._settings.lease_seconds
         margin = min(1.0, lease / 10)
         deadline = [time.monotonic() + lease]
@@ -53,23 +55,19 @@ class RowLeaseProcessor(Processor[RowLeaseStorage]):
                     await self._delivery.run(
                         claim.messages, settlement, lambda: time.monotonic() < deadline[0]
                     )
-                except asyncio.CancelledError:  # stop() or the lease guard
-                    if guard.expired():
-                        self.metrics.leases_lost += 1
-                    settled = settlement.seqs()
-                    settlement.released.extend(
-                        m.seq for m in claim.messages if m.seq not in settled
-                    )
-                    await asyncio.shield(self._settle(claim, settlement))
-                    raise
                 finally:
                     renewer.cancel()
         except TimeoutError:
+            self.metrics.leases_lost += 1
             logger.warning(
                 "lease ran out while publishing; the rest is left to the next claim",
                 extra={"action": "lease_lost"},
             )
+            await self._settle(claim, _rest_released(claim, settlement))
             return
+        except asyncio.CancelledError:
+            await self._settle(claim, _rest_released(claim, settlement))
+            raise
         await self._settle(claim, settlement)
 
     async def _renew(
@@ -127,6 +125,13 @@ class RowLeaseProcessor(Processor[RowLeaseStorage]):
             return False
         setattr(self.metrics, kind, getattr(self.metrics, kind) + count)
         return True
+
+
+def _rest_released(claim: Claim, settlement: Settlement) -> Settlement:
+    """`settlement` with every row it says nothing about released."""
+    settled = settlement.seqs()
+    settlement.released.extend(m.seq for m in claim.messages if m.seq not in settled)
+    return settlement
 
 
 def _hold_back(

@@ -9,6 +9,11 @@ heartbeat renews, then reads, its partitions. The owned read of a relay that hol
 partitions runs the claim's steps without locks and without the lease: it writes
 nothing. The session runs READ COMMITTED, so locking reads take no gap locks that
 would stall writers, and UTC.
+
+The URL's `connect_timeout` is the driver's own (which bounds opening the socket; the
+storage bounds the whole handshake), its `command_timeout` the server's
+`max_statement_time` on MariaDB and `max_execution_time` on MySQL (which stops only
+SELECTs).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from relaybox.errors import (
     StorageOperationalError,
 )
 from relaybox.storage.rows import by_seq
-from relaybox.storage.sql import Connection, Seqs, Session, SqlStorage
+from relaybox.storage.sql import GRACE, Connection, Seqs, Session, SqlStorage
 from relaybox.storage.urls import DatabaseUrl
 
 Candidate = tuple[int, str, "str | None"]
@@ -88,8 +93,7 @@ class _Driver:
         options: dict[str, Any] = {
             "host": url.host or "localhost", "port": url.port or 3306, "user": url.user,
             "password": url.password or "", "autocommit": True, "charset": "utf8mb4",
-            "client_flag": _FOUND_ROWS,
-            "connect_timeout": float(url.query.get("connect_timeout", 10)),
+            "client_flag": _FOUND_ROWS, "connect_timeout": url.connect_timeout + GRACE,
         }  # fmt: skip
         if "unix_socket" in url.query:
             options["unix_socket"] = url.query["unix_socket"]
@@ -104,7 +108,7 @@ class _Driver:
             _escape_bytes_as_hex(connection)
         driver = cls(connection)
         try:
-            for statement in _SESSION:
+            for statement in (*_SESSION, _statement_bound(connection, url.command_timeout)):
                 await driver.execute(statement, ())
         except BaseException:
             await driver.discard()
@@ -136,6 +140,13 @@ class _Driver:
     async def discard(self) -> None:
         """Drop the socket without a goodbye: the protocol state is unknown."""
         self._connection.close()
+
+
+def _statement_bound(connection: Any, seconds: float) -> str:
+    """The session setting that makes the server stop a statement after `seconds`."""
+    if "mariadb" in str(connection.get_server_info()).lower():
+        return f"SET SESSION max_statement_time = {seconds:.3f}"
+    return f"SET SESSION max_execution_time = {max(1, round(seconds * 1000))}"
 
 
 def _escape_bytes_as_hex(connection: Any) -> None:
@@ -194,6 +205,7 @@ class MySQLStorage(SqlStorage):
     """The outbox table on MySQL 8 or MariaDB 10.6+."""
 
     dialect = "mysql"
+    label = "MySQL"
 
     async def _open(self) -> Connection:
         return await _Driver.connect(self._url)

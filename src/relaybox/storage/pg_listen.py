@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -21,13 +22,14 @@ from relaybox.core.identifiers import notify_channel
 from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError, StorageError, StorageOperationalError
 from relaybox.storage.postgres import translate
+from relaybox.storage.sql import GRACE
 from relaybox.storage.urls import DatabaseUrl
 
 logger = logging.getLogger(__name__)
 
 APPLICATION_NAME = "relaybox-listen"
-CONNECT_TIMEOUT = 10.0
-CLOSE_TIMEOUT = 2.0
+#: Seconds a polite close may take before the connection is dropped instead.
+CLOSE_TIMEOUT = 1.0
 
 
 class _Session(Protocol):
@@ -56,11 +58,14 @@ class _AsyncpgSession:
         connection.add_termination_listener(self._ended)
 
     @classmethod
-    async def open(cls, dsn: str, channel: str, on_notify: Callable[[], None]) -> _AsyncpgSession:
+    async def open(
+        cls, url: DatabaseUrl, channel: str, on_notify: Callable[[], None]
+    ) -> _AsyncpgSession:
         import asyncpg
 
+        dsn = url.libpq_dsn()
         connection = await asyncpg.connect(
-            dsn, timeout=CONNECT_TIMEOUT, server_settings=_settings(dsn)
+            dsn, timeout=url.connect_timeout, server_settings=_settings(dsn)
         )
         try:
             await connection.add_listener(channel, lambda *_: on_notify())
@@ -95,12 +100,14 @@ class _PsycopgSession:
         self.backend_pid: int = connection.info.backend_pid
 
     @classmethod
-    async def open(cls, dsn: str, channel: str, on_notify: Callable[[], None]) -> _PsycopgSession:
+    async def open(
+        cls, url: DatabaseUrl, channel: str, on_notify: Callable[[], None]
+    ) -> _PsycopgSession:
         import psycopg
 
-        dsn = psycopg.conninfo.make_conninfo(dsn, **_settings(dsn))
+        dsn = psycopg.conninfo.make_conninfo(url.libpq_dsn(), **_settings(url.libpq_dsn()))
         connection = await psycopg.AsyncConnection.connect(
-            dsn, autocommit=True, connect_timeout=round(CONNECT_TIMEOUT)
+            dsn, autocommit=True, connect_timeout=math.ceil(url.connect_timeout)
         )
         try:
             await connection.execute(f'LISTEN "{channel}"')  # channel: [a-z0-9_] only
@@ -175,10 +182,15 @@ class Listener:
             logger.exception("on_notify failed", extra={"action": "listen"})
 
     async def _open(self) -> _Session:
-        dsn = self._url.libpq_dsn()
         session_class = _PsycopgSession if self._url.driver == "psycopg" else _AsyncpgSession
         try:
-            return await session_class.open(dsn, self.channel, self._wake)
+            async with asyncio.timeout(self._url.connect_timeout + GRACE):
+                return await session_class.open(self._url, self.channel, self._wake)
+        except TimeoutError:
+            raise StorageOperationalError(
+                f"PostgreSQL at {self._url.masked} did not answer a new LISTEN connection "
+                f"within {self._url.connect_timeout:g} s"
+            ) from None
         except Exception as exc:
             raise translate(exc) from exc
 

@@ -5,6 +5,11 @@ raw cursor). asyncpg is the default, as it measured faster (docs/benchmarks.md);
 is there for services that ship only psycopg. Lists of seqs travel as one array text
 parameter: asyncpg checks every element of an array parameter on the client, where one
 string costs nothing.
+
+The URL's `connect_timeout` goes to the driver's own connect timeout, its
+`command_timeout` to the server as `statement_timeout` and
+`idle_in_transaction_session_timeout` (so that the server also ends a transaction whose
+client went silent, and frees the locks it held).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -26,7 +32,7 @@ from relaybox.errors import (
     StorageOperationalError,
 )
 from relaybox.storage.rows import by_seq, decode, decode_exact, readable
-from relaybox.storage.sql import Connection, Seqs, SqlStorage
+from relaybox.storage.sql import GRACE, Connection, Seqs, SqlStorage
 from relaybox.storage.urls import DatabaseUrl
 
 #: For the relay's own connections. The claim's estimated cost (its per-row order
@@ -39,15 +45,30 @@ SESSION_SETTINGS = {
 }
 
 
+def session_settings(url: DatabaseUrl) -> dict[str, str]:
+    """SESSION_SETTINGS and the URL's statement bound, in milliseconds."""
+    bound = str(max(1, round(url.command_timeout * 1000)))
+    return {
+        **SESSION_SETTINGS,
+        "statement_timeout": bound,
+        "idle_in_transaction_session_timeout": bound,
+    }
+
+
 class _Asyncpg:
     def __init__(self, connection: Any) -> None:
         self._connection = connection
 
     @classmethod
-    async def connect(cls, dsn: str) -> _Asyncpg:
+    async def connect(cls, url: DatabaseUrl) -> _Asyncpg:
         import asyncpg
 
-        return cls(await asyncpg.connect(dsn, server_settings=SESSION_SETTINGS))
+        connection = await asyncpg.connect(
+            url.libpq_dsn(),
+            timeout=url.connect_timeout + GRACE,
+            server_settings=session_settings(url),
+        )
+        return cls(connection)
 
     async def fetch(self, query: str, args: Sequence[Any]) -> list[Sequence[Any]]:
         return list(await self._connection.fetch(query, *args))
@@ -77,15 +98,19 @@ class _Psycopg:
         self._connection = connection
 
     @classmethod
-    async def connect(cls, dsn: str) -> _Psycopg:
+    async def connect(cls, url: DatabaseUrl) -> _Psycopg:
         import psycopg
 
         options = " ".join(  # libpq's options: a space inside a value is escaped
             f"-c {name}={value.replace(' ', chr(92) + ' ')}"
-            for name, value in SESSION_SETTINGS.items()
+            for name, value in session_settings(url).items()
         )
         connection = await psycopg.AsyncConnection.connect(
-            dsn, autocommit=True, cursor_factory=psycopg.AsyncRawCursor, options=options
+            url.libpq_dsn(),
+            autocommit=True,
+            cursor_factory=psycopg.AsyncRawCursor,
+            options=options,
+            connect_timeout=math.ceil(url.connect_timeout + GRACE),  # libpq: whole seconds
         )
         return cls(connection)
 
@@ -154,6 +179,7 @@ class PostgresStorage(SqlStorage):
     """The outbox table on PostgreSQL."""
 
     dialect = "postgresql"
+    label = "PostgreSQL"
 
     def __init__(self, url: DatabaseUrl, *, table: str = DEFAULT_TABLE) -> None:
         super().__init__(url, table=table)
@@ -162,7 +188,7 @@ class PostgresStorage(SqlStorage):
 
     async def _open(self) -> Connection:
         driver = _Psycopg if self._url.driver == "psycopg" else _Asyncpg
-        return await driver.connect(self._url.libpq_dsn())
+        return await driver.connect(self._url)
 
     translate = staticmethod(translate)
 

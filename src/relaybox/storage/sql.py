@@ -11,6 +11,13 @@ A dialect (postgres.py, mysql.py, sqlite.py) supplies its driver, how its errors
 onto relaybox's, how it binds a list of seqs, and what it does its own way: the claim
 (`RowLeaseStorage.claim`) and the owned read (`PartitionStorage.read`), and the steps of
 a heartbeat where its SQL cannot return rows from an UPDATE.
+
+No call waits on the database unbounded: connecting is bounded by the URL's
+`connect_timeout`, each statement by its `command_timeout` (plus a second, so that a
+live server's own statement timeout answers first). A call that runs out of time drops
+its connection, whose state is then unknown, without waiting on the server, logs a
+warning and raises `StorageOperationalError`, which callers retry like a lost
+connection.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
@@ -40,7 +48,16 @@ from relaybox.sql.params import native_style
 from relaybox.storage.rows import check_listing, decode_abandoned, lease_token
 from relaybox.storage.urls import DatabaseUrl
 
+logger = logging.getLogger(__name__)
+
 T = TypeVar("T")
+
+#: Seconds between the two bounds of one call. A statement's is the server's first (it
+#: keeps the connection), relaybox's after; a connect's relaybox's first (it says what
+#: stalled), the driver's own after.
+GRACE = 1.0
+#: Seconds a polite close may take before the connection is dropped instead.
+CLOSE_TIMEOUT = 1.0
 
 
 class Connection(Protocol):
@@ -58,6 +75,64 @@ class Connection(Protocol):
 
     async def discard(self) -> None:
         """Drop a connection whose state is unknown, without waiting on the server."""
+
+
+class _Bounded:
+    """A connection whose every call must answer within `seconds`; one that does not
+    raises what `stalled` makes of it (its name for the statement, the seconds).
+
+    A call that runs out of time, or is cancelled, drops the connection before the
+    driver hears of it: a driver cancelled mid-statement asks the server to cancel it
+    and waits for the answer, which a silent server never gives."""
+
+    __slots__ = ("_connection", "_seconds", "_stalled")
+
+    def __init__(
+        self,
+        connection: Connection,
+        seconds: float,
+        stalled: Callable[[str, float], StorageOperationalError],
+    ) -> None:
+        self._connection = connection
+        self._seconds = seconds
+        self._stalled = stalled
+
+    async def _within(self, call: Awaitable[T], what: str) -> T:
+        running = asyncio.ensure_future(call)
+        try:
+            done, _ = await asyncio.wait({running}, timeout=self._seconds)
+        finally:
+            if not running.done():  # out of time, or our caller was cancelled
+                await self._connection.discard()
+                running.cancel()
+                running.add_done_callback(_retrieved)
+                # Let the driver unwind (unregister the socket it waited on) before
+                # another connection may reuse the descriptor.
+                await asyncio.wait({running}, timeout=GRACE)
+        if not done:
+            raise self._stalled(what, self._seconds)
+        return running.result()
+
+    async def fetch(self, query: str, args: Sequence[Any]) -> list[Sequence[Any]]:
+        return await self._within(self._connection.fetch(query, args), query)
+
+    async def execute(self, query: str, args: Sequence[Any]) -> int:
+        return await self._within(self._connection.execute(query, args), query)
+
+    async def begin(self) -> None:
+        await self._within(self._connection.begin(), "BEGIN")
+
+    async def commit(self) -> None:
+        await self._within(self._connection.commit(), "COMMIT")
+
+    async def rollback(self) -> None:
+        await self._within(self._connection.rollback(), "ROLLBACK")
+
+    async def close(self) -> None:
+        await self._connection.close()
+
+    async def discard(self) -> None:
+        await self._connection.discard()
 
 
 class Seqs(tuple[int, ...]):
@@ -97,11 +172,14 @@ class SqlStorage(abc.ABC):
     """The outbox table in an SQL database, through one connection the storage owns."""
 
     dialect: ClassVar[sql.Dialect]
+    #: The database's name in errors and logs.
+    label: ClassVar[str]
 
     def __init__(self, url: DatabaseUrl, *, table: str = DEFAULT_TABLE) -> None:
         self.table = table
         self._url = url
         self._queries = sql.queries(self.dialect, table)
+        self._query_names = {query: name for name, query in self._queries.items()}
         self._connection: Connection | None = None
         self._lock = asyncio.Lock()
 
@@ -153,11 +231,10 @@ class SqlStorage(abc.ABC):
         opens another."""
         async with self._lock:
             if self._connection is None:
-                try:
-                    self._connection = await self._open()
-                except Exception as exc:
-                    raise self.translate(exc) from exc
-            connection = self._connection
+                self._connection = await self._connect()
+            connection = _Bounded(
+                self._connection, self._url.command_timeout + GRACE, self._stalled
+            )
             try:
                 if not atomic:
                     return await work(Session(connection, self._bind))
@@ -176,6 +253,27 @@ class SqlStorage(abc.ABC):
                 await self._discard()
                 raise
 
+    async def _connect(self) -> Connection:
+        seconds = self._url.connect_timeout
+        try:
+            async with asyncio.timeout(seconds):
+                return await self._open()
+        except TimeoutError:  # ours, or the driver's own connect timeout
+            raise self._stall(f"a new connection within {seconds:g} s") from None
+        except Exception as exc:
+            raise self.translate(exc) from exc
+
+    def _stalled(self, query: str, seconds: float) -> StorageOperationalError:
+        """The error for a statement that got no answer in time."""
+        name = self._query_names.get(query)
+        what = f"the query {name!r}" if name else f"a {query.split(None, 1)[0].upper()} statement"
+        return self._stall(f"{what} within {seconds:g} s; its connection is dropped")
+
+    def _stall(self, what: str) -> StorageOperationalError:
+        error = StorageOperationalError(f"{self.label} at {self._url.masked} did not answer {what}")
+        logger.warning("%s", error, extra={"action": "storage_stall", "url": self._url.masked})
+        return error
+
     async def _discard(self) -> None:
         connection, self._connection = self._connection, None
         if connection is not None:
@@ -188,12 +286,14 @@ class SqlStorage(abc.ABC):
         return await self._run(lambda session: session.fetch(name, *args))
 
     async def close(self) -> None:
+        """Close politely, or drop the connection if the database does not answer."""
         async with self._lock:
             connection, self._connection = self._connection, None
             if connection is not None:
                 try:
-                    await connection.close()
-                except Exception:  # noqa: BLE001 - closing a broken connection
+                    async with asyncio.timeout(CLOSE_TIMEOUT):
+                        await connection.close()
+                except Exception:  # noqa: BLE001 - a broken or silent connection
                     await connection.discard()
 
     # -- writing (tools, tests, demos) ----------------------------------------------
@@ -378,6 +478,12 @@ async def _rolled_back(connection: Connection) -> bool:
     except Exception:  # noqa: BLE001 - the caller raises the original error
         return False
     return True
+
+
+def _retrieved(call: asyncio.Future[Any]) -> None:
+    """Mark the error of a call given up on as seen (its connection is gone already)."""
+    if not call.cancelled():
+        call.exception()
 
 
 def _failures(failures: Sequence[Failure], *, retry: bool) -> str:

@@ -93,9 +93,10 @@ class _Aiosqlite:
         await self._connection.close()
 
     async def discard(self) -> None:
-        # Queued behind a statement still running on aiosqlite's thread; closing rolls
-        # back a transaction left open.
+        # Interrupt a statement still running on aiosqlite's thread, which the close
+        # queues behind; closing rolls back a transaction left open.
         with contextlib.suppress(sqlite3.Error, ValueError):
+            await self._connection.interrupt()
             await self._connection.close()
 
 
@@ -103,6 +104,7 @@ class SQLiteStorage(SqlStorage):
     """The outbox table in an SQLite file."""
 
     dialect = "sqlite"
+    label = "SQLite"
 
     async def _open(self) -> Connection:
         return await _Aiosqlite.connect(self._url.sqlite_uri)

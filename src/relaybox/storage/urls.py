@@ -1,14 +1,22 @@
-"""Database URLs: which dialect and driver, and a form safe to log.
+"""Database URLs: which dialect and driver, relaybox's own options, and a form safe to log.
 
 A PostgreSQL URL may list several hosts, `postgresql://h1:5432,h2:5432/db`: both
 drivers try them in order (with libpq's `target_session_attrs` where given), and
 relaybox hands them the URL whole.
+
+relaybox reads two options from the query string and keeps them from the driver:
+
+    connect_timeout  seconds to connect and start a session (default 5)
+    command_timeout  seconds one statement may take (default 30); the database stops it
+                     at that (PostgreSQL, MariaDB, MySQL's SELECTs), and a statement
+                     still unanswered a second later drops its connection
+
+    postgresql://relay@db.example/shop?connect_timeout=3&command_timeout=10
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import urllib.parse
 
 from relaybox.core.urls import mask_password
@@ -38,8 +46,9 @@ _DIALECT_CLIENTS: dict[str, tuple[str, ...]] = {
 _CLIENTS = frozenset(c for clients in _DIALECT_CLIENTS.values() for c in clients)
 #: Dialects whose drivers take several hosts in one URL.
 _MULTI_HOST = frozenset({"postgresql"})
-#: Query options relaybox itself reads as a number of seconds, per dialect.
-_SECONDS = {"mysql": ("connect_timeout",)}
+
+#: relaybox's own query options and their defaults, in seconds.
+TIMEOUT_OPTIONS = {"connect_timeout": 5.0, "command_timeout": 30.0}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -55,6 +64,10 @@ class DatabaseUrl:
     query: dict[str, str]
     #: Every (host, port) the URL names, in order; `host` and `port` are the first's.
     hosts: tuple[tuple[str | None, int | None], ...] = ((None, None),)
+    #: Seconds to connect and start a session.
+    connect_timeout: float = TIMEOUT_OPTIONS["connect_timeout"]
+    #: Seconds one statement may take.
+    command_timeout: float = TIMEOUT_OPTIONS["command_timeout"]
 
     @classmethod
     def parse(cls, url: str) -> DatabaseUrl:
@@ -83,7 +96,6 @@ class DatabaseUrl:
                 "URL takes one (only PostgreSQL URLs may list several)"
             )
         query = dict(urllib.parse.parse_qsl(parts.query))
-        _check_seconds(query, _SECONDS.get(dialect, ()))
         return cls(
             url=url,
             dialect=dialect,
@@ -95,6 +107,7 @@ class DatabaseUrl:
             database=database,
             query=query,
             hosts=hosts,
+            **{name: _seconds(query, name, mask_password(url)) for name in TIMEOUT_OPTIONS},
         )
 
     @property
@@ -121,9 +134,15 @@ class DatabaseUrl:
         return mask_password(self.url)
 
     def libpq_dsn(self) -> str:
-        """A postgresql:// URL without the +driver suffix, for asyncpg and psycopg."""
-        scheme_end = self.url.index("://")
-        return "postgresql" + self.url[scheme_end:]
+        """A postgresql:// URL without the +driver suffix and without relaybox's own
+        options, for asyncpg and psycopg (asyncpg would send an option it does not know
+        to the server as a setting)."""
+        dsn = "postgresql" + self.url[self.url.index("://") :]
+        if not any(name in self.query for name in TIMEOUT_OPTIONS):
+            return dsn
+        base, _, query = dsn.partition("?")
+        kept = [(k, v) for k, v in urllib.parse.parse_qsl(query) if k not in TIMEOUT_OPTIONS]
+        return f"{base}?{urllib.parse.urlencode(kept)}" if kept else base
 
 
 def _hosts(netloc: str, masked: str) -> tuple[tuple[str | None, int | None], ...]:
@@ -139,16 +158,14 @@ def _hosts(netloc: str, masked: str) -> tuple[tuple[str | None, int | None], ...
     return tuple(found)
 
 
-def _check_seconds(query: dict[str, str], names: tuple[str, ...]) -> None:
-    for name in names:
-        raw = query.get(name)
-        if raw is None:
-            continue
-        try:
-            seconds = float(raw)
-        except ValueError:
-            seconds = math.nan
-        if not (math.isfinite(seconds) and seconds > 0):
-            raise ConfigurationError(
-                f"database URL option {name}={raw!r}: give a number of seconds above 0"
-            )
+def _seconds(query: dict[str, str], name: str, masked: str) -> float:
+    raw = query.get(name)
+    if raw is None:
+        return TIMEOUT_OPTIONS[name]
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ConfigurationError(f"{name}={raw!r} in {masked}: give a number of seconds above 0")
+    return value
