@@ -269,7 +269,11 @@ class Proxy:
             server.close()
             for writer in list(self._writers):
                 writer.transport.abort()
-            self._loop.run_until_complete(asyncio.sleep(0))
+            # Connections left stranded wait on their own event: end them too.
+            tasks = asyncio.all_tasks(self._loop)
+            for task in tasks:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             self._loop.close()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

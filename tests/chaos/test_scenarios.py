@@ -1,9 +1,11 @@
 """Scenarios beyond the fault plan, through the world's seams, on PostgreSQL with NATS:
-a fleet whose relays serve different targets.
+a fleet whose relays serve different targets, and a database whose open connections
+never answer again.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from relaybox import Message, Outbox
@@ -32,3 +34,24 @@ async def test_a_fleet_whose_relays_serve_different_targets_delivers_every_targe
         outcome = await world.finish(writers, timeout=60.0)
         assert outcome.abandoned == []
         judge(outcome, rollbacks=False)
+
+
+async def test_a_relay_whose_database_connections_hang_after_a_failover_carries_on(
+    tmp_path: Path,
+) -> None:
+    """The open connections never answer again; new ones reach the database. (A
+    statement may take 3 s here, so that the relay gives up on them sooner than by
+    default.)"""
+    async with ChaosWorld(tmp_path, REFERENCE, relays=1, start_relays=False) as world:
+        world.relays.db_options["command_timeout"] = "3"
+        await world.start_relay(0)
+        writers = world.writers(rate=200)
+        await asyncio.sleep(2.0)
+        await world.stall_database(0)
+        await asyncio.sleep(2.0)
+        await asyncio.to_thread(world.relays.db_proxies[0].strand)
+        await asyncio.sleep(5.0)
+        outcome = await world.finish(writers, timeout=60.0)
+        assert world.relays.started == 1
+        assert outcome.abandoned == []
+        judge(outcome)

@@ -41,6 +41,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
@@ -240,6 +241,8 @@ class Relays:
         #: The targets each slot's relay serves, by name, each on this world's broker
         #: through the slot's proxy; by default one, "default".
         self.targets: dict[int, list[str]] = {}
+        #: Query options added to every relay's database URL (e.g. a command_timeout).
+        self.db_options: dict[str, str] = {}
         self.started = 0
         self.killed = 0
 
@@ -253,9 +256,12 @@ class Relays:
         broker_url = world.broker.relay_url(self.broker_proxies[slot].port)
         targets = dict.fromkeys(self.targets.get(slot, ["default"]), broker_url)
         log = (self._logs / f"relay{slot}-{self.started}.log").open("w")
+        db_url = world.database.relay_url(None if db_proxy is None else db_proxy.port)
+        if self.db_options:
+            db_url += ("&" if "?" in db_url else "?") + urllib.parse.urlencode(self.db_options)
         command = [
             RELAYBOX, "relay",
-            "--db", world.database.relay_url(None if db_proxy is None else db_proxy.port),
+            "--db", db_url,
             "--table", world.table,
             *(arg for name, url in targets.items() for arg in ("--broker", f"{name}={url}")),
             *RELAY_OPTIONS,
