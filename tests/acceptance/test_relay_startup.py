@@ -95,6 +95,7 @@ def _relay(db_url: str, table: str, broker: str, port: int, log: Path) -> subpro
     command = [
         RELAYBOX, "relay", "--db", db_url, "--table", table, "--broker", f"audit={broker}",
         "--http", f"127.0.0.1:{port}", "--idle-interval", "0.1", "--log-level", "INFO",
+        "--published-retention", "3600",
     ]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True)
 
@@ -155,7 +156,9 @@ async def test_a_relay_started_before_its_broker_delivers_once_it_is_up(
             code = _stop(proc)
     assert code == 0
     assert {r.id for r in arrived} == {str(m.id) for m in batch}
-    assert all(row.attempts == 0 for row in rows(db))  # waiting burnt no attempt
+    kept = rows(db)
+    assert len(kept) == len(batch)
+    assert all(row.attempts == 0 for row in kept)  # waiting burnt no attempt
     text = log.read_text()
     assert "WARNING target audit: cannot " in text
     assert "INFO target audit: connected" in text

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from relaybox.relay.processor import Processor
 
 
-async def snapshot(relay: Relay, max_age: float = 5.0) -> dict[str, Any]:
-    """`relay`'s signals now, the table's counts read again where older than `max_age`."""
+async def snapshot(relay: Relay, max_age: float = 2.0) -> dict[str, Any]:
+    """`relay`'s signals now, the table's counts read again where older than `max_age`
+    seconds, whatever the relay's sampling interval: what a person reads must be now."""
     await relay.refresh_stats(max_age=max_age)
     now = time.monotonic()
     databases: dict[str, Any] = {}

@@ -209,7 +209,8 @@ class Delivery:
         except TimeoutError:
             results = [transient(f"publish timed out after {self._timeout:g}s")] * len(batch)
         except Exception as error:  # noqa: BLE001 - any publisher failure is retried later
-            logger.warning("publish raised %r", error, extra={"action": "publish_error"})
+            logger.warning("publish to target %s raised %r", target, error,
+                           extra={"action": "publish_error", "target": target})  # fmt: skip
             results = [transient(f"{type(error).__name__}: {error}")] * len(batch)
         if len(results) != len(batch):
             results = [transient("publisher returned a wrong number of results")] * len(batch)

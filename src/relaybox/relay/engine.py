@@ -380,11 +380,12 @@ class Relay:
         for processor in self.processors:
             processor.sample_stats(every)
 
-    async def refresh_stats(self, max_age: float = 5.0, wait: float = 2.0) -> None:
+    async def refresh_stats(self, max_age: float | None = None, wait: float = 2.0) -> None:
         """Read each table's counts again where the last reading is older than
-        `max_age` (or than the `sample_stats` interval, if longer), waiting `wait`
-        seconds at most (a slow reading finishes later)."""
-        max_age = max(max_age, self._stats_every or 0.0)
+        `max_age` seconds (None: the `sample_stats` interval, or 5 s without one),
+        waiting `wait` seconds at most (a slow reading finishes later)."""
+        if max_age is None:
+            max_age = self._stats_every or 5.0
         await asyncio.gather(
             *(p.refresh_stats(max_age=max_age, wait=wait) for p in self.processors)
         )
