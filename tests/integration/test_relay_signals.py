@@ -17,6 +17,7 @@ from relaybox.core.circuit import CircuitState
 from relaybox.core.publishing import PublishResult
 from relaybox.core.records import StoredMessage
 from relaybox.errors import BrokerUnavailableError
+from relaybox.observability.prometheus import render
 from relaybox.observability.snapshot import snapshot
 from relaybox.publishers.memory import MemoryPublisher
 from tests.relay_support import OutboxDB, eventually, fast_settings, messages, outbox_db, rows
@@ -128,3 +129,17 @@ async def test_the_outbox_report_reads_the_counts_when_asked(db: OutboxDB) -> No
     # Younger than the time since every batch was settled: read after it, however slow.
     assert outbox["sample_age_seconds"] < asked - settled
     assert report["signals"]["pending"] == 0
+
+
+async def test_the_metrics_say_which_targets_are_connected(db: OutboxDB) -> None:
+    audit = Unreachable()
+    relay = Relay(db.database, {"default": MemoryPublisher(), "audit": audit},
+                  table=db.table, settings=fast_settings())  # fmt: skip
+    async with relay:
+        text = render(relay).decode()
+        assert 'relaybox_target_connected{target="audit"} 0.0' in text
+        assert 'relaybox_target_connected{target="default"} 1.0' in text
+        assert 'relaybox_database_connected{database="db0"} 1.0' in text
+        audit.up = True
+        await eventually(lambda: not relay.unreachable, timeout=30)
+        assert 'relaybox_target_connected{target="audit"} 1.0' in render(relay).decode()
