@@ -212,28 +212,25 @@ class Relay:
 
     async def _reconnect(self, name: str, connect: Callable[[], Awaitable[None]]) -> None:
         """Try `connect` after each of RECONNECT's pauses until it succeeds, logging
-        each failure. A configuration error found only now cannot stop a running relay:
-        it is logged as an error and tried again too, so that fixing it is enough."""
+        each failure with the wait before the next try. A configuration error found
+        only now cannot stop a running relay: it is logged as an error and tried again
+        too, so that fixing it is enough."""
         state = self.unreachable[name]
-        failures = 1
+        level, failures = logging.WARNING, 1
         while True:
             delay = RECONNECT.delay(failures)
             state.retry_at = time.monotonic() + delay
-            logger.warning(
-                "%s; retrying in %.0f s", state.error, delay,
+            logger.log(
+                level, "%s; retrying in %.0f s", state.error, delay,
                 extra={"action": "connect_retry", "connecting": name},
             )  # fmt: skip
             await asyncio.sleep(delay)
             state.retry_at = None
             try:
                 await connect()
-            except _UNREACHABLE as error:
-                state.error = _describe(name, error, self._databases)
             except Exception as error:  # noqa: BLE001 - the relay runs on; the log says why
                 state.error = _describe(name, error, self._databases)
-                logger.error(
-                    "%s", state.error, extra={"action": "connect_error", "connecting": name}
-                )
+                level = logging.WARNING if isinstance(error, _UNREACHABLE) else logging.ERROR
             else:
                 del self.unreachable[name]
                 logger.info(
