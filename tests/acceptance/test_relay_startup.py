@@ -10,6 +10,7 @@ relay at once.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import signal
@@ -49,7 +50,7 @@ async def _proxied(harness: BrokerHarness, port: int, url: str) -> AsyncIterator
 
 
 @contextlib.asynccontextmanager
-async def down_broker(kind: str, topic: str) -> AsyncIterator[DownBroker]:
+async def down_broker(kind: str, topic: str, directory: Path) -> AsyncIterator[DownBroker]:
     if kind == "nats":
         from tests.brokers.test_nats import SHARED_URL, NatsHarness
 
@@ -76,6 +77,20 @@ async def down_broker(kind: str, topic: str) -> AsyncIterator[DownBroker]:
         await rabbit.prepare(topic)
         async with _proxied(rabbit, 5672, "amqp://guest:guest@127.0.0.1:{port}/") as down:
             yield down
+    elif kind == "kafka":
+        from tests.brokers.test_kafka import KafkaHarness, TansuProcess
+
+        tansu = TansuProcess(directory)
+        kafka = KafkaHarness(tansu)
+        await kafka.start()
+        try:
+            await kafka.prepare(topic)
+            # Proxied for the bootstrap only: the broker then names its own port.
+            url = "kafka://127.0.0.1:{port}?timeout=3"
+            async with _proxied(kafka, tansu.port, url) as down:
+                yield down
+        finally:
+            await asyncio.to_thread(tansu.kill)
     else:
         from tests.brokers.test_mqtt import SHARED_URL, MqttHarness
 
@@ -121,7 +136,7 @@ async def _running(port: int) -> None:
     await eventually(lambda: "the relay is starting" not in str(_problems(port)), timeout=60)
 
 
-@pytest.mark.parametrize("kind", ["nats", "redis", "amqp", "mqtt", "http"])
+@pytest.mark.parametrize("kind", ["nats", "redis", "amqp", "mqtt", "http", "kafka"])
 async def test_a_relay_started_before_its_broker_delivers_once_it_is_up(
     db: OutboxDB, tmp_path: Path, kind: str
 ) -> None:
@@ -131,7 +146,7 @@ async def test_a_relay_started_before_its_broker_delivers_once_it_is_up(
         for n in range(10)
         for key in ("a", "b", None)
     ]
-    async with down_broker(kind, topic) as (harness, url, bring_up):
+    async with down_broker(kind, topic, tmp_path) as (harness, url, bring_up):
         port, log = free_port(), tmp_path / "relay.log"
         proc = _relay(db.url, db.table, url, port, log)
         try:
