@@ -4,12 +4,16 @@ While a target's circuit is open the relay claims nothing for it, so its message
 as pending and burn no attempts; other targets keep flowing.
 After `open_seconds` one probe is let through (half-open): success closes the circuit,
 failure opens it again for twice as long, up to `max_open_seconds`.
+
+A circuit can also be held open, whatever the clock says, while its target cannot be
+used at all: the relay holds it until the target's publisher has connected.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import time
 from collections.abc import Callable
 
@@ -47,9 +51,18 @@ class CircuitPolicy:
 class CircuitBreaker:
     """Not thread-safe: one per target inside one event loop."""
 
-    def __init__(self, policy: CircuitPolicy, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        policy: CircuitPolicy,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
         self._policy = policy
         self._clock = clock
+        #: Called when a success closes the circuit after it had opened.
+        self._on_close = on_close
+        self._held = False
         self._failures = 0
         self._opened_at = 0.0
         self._pauses = policy.pauses
@@ -63,13 +76,18 @@ class CircuitBreaker:
 
     @property
     def state(self) -> CircuitState:
+        if self._held:
+            return CircuitState.OPEN
         if self._state is CircuitState.OPEN and self._clock() >= self._opened_at + self._open_for:
             self._state = CircuitState.HALF_OPEN
         return self._state
 
     def seconds_until_probe(self) -> float:
+        """0 when a probe may go now; infinite while held (`release()` says when)."""
         if self.state is not CircuitState.OPEN:
             return 0.0
+        if self._held:
+            return math.inf
         return self._opened_at + self._open_for - self._clock()
 
     @property
@@ -87,11 +105,26 @@ class CircuitBreaker:
         self._probing = True
         return True
 
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def hold(self) -> None:
+        """Keep the circuit open until `release()`: the target cannot be used yet."""
+        self._held = True
+
+    def release(self) -> None:
+        """End a `hold()`; the circuit is as it was before."""
+        self._held = False
+
     def record_success(self) -> None:
         self._probing = False
         self._failures = 0
         self._failed_probes = 0
-        self._state = CircuitState.CLOSED
+        if self._state is not CircuitState.CLOSED:
+            self._state = CircuitState.CLOSED
+            if self._on_close is not None:
+                self._on_close()
 
     def record_failure(self) -> None:
         """A transient failure; opens the circuit at the threshold or on a failed probe."""

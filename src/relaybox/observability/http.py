@@ -2,9 +2,10 @@
 
     GET /metrics      Prometheus text (needs `relaybox[metrics]`)
     GET /api/outbox   the same signals as JSON (observability/snapshot.py)
-    GET /healthz      200 while the relay's event loop answers
-    GET /readyz       200 when every database holds its partitions (or claims rows) and
-                      no circuit is open; 503 with the reasons otherwise
+    GET /healthz      200 while the relay's event loop answers, connected or not
+    GET /readyz       200 when every broker and database is connected, every database
+                      holds its partitions (or claims rows) and no circuit is open; 503
+                      with the reasons otherwise (what is down, and when it is retried)
 
 Hand-written on asyncio streams rather than a web framework: four fixed GET routes
 without request bodies, answered from the relay's own event loop, so a response reads

@@ -98,7 +98,14 @@ class RelayCollector(Collector):
             if processor.partitions_held is not None:
                 held.add_metric([processor.name], processor.partitions_held)
             flying.add_metric([processor.name], processor.in_flight)
-        yield from (settled, held, flying, unserved)
+        connected = GaugeMetricFamily(
+            "relaybox_database_connected",
+            "1 once the database was connected; 0 while the relay retries it",
+            labels=labels,
+        )
+        for name in relay.database_urls:
+            connected.add_metric([name], int(name not in relay.unreachable))
+        yield from (settled, held, flying, unserved, connected)
 
     def _outbox_metrics(self) -> Iterator[Metric]:
         labels = ["database"]
@@ -163,6 +170,12 @@ class RelayCollector(Collector):
             "relaybox_circuit_state", "1 for the state the target's circuit is in",
             labels=["target", "state"],
         )  # fmt: skip
+        connected = GaugeMetricFamily(
+            "relaybox_target_connected",
+            "1 once the target's broker was connected; 0 while the relay retries it",
+            labels=labels,
+        )
+        unreachable = self._relay.unreachable
         states = self._relay.circuit_states()
         for target, counters in self._relay.target_counters().items():
             for outcome in ("acked", "retried", "abandoned", "unavailable"):
@@ -171,7 +184,8 @@ class RelayCollector(Collector):
             lag.add_metric([target], *_buckets(counters.lag_seconds))
             for state in CircuitState:
                 circuit.add_metric([target, state.value], int(states.get(target) is state))
-        yield from (outcomes, seconds, lag, circuit)
+            connected.add_metric([target], int(f"target {target}" not in unreachable))
+        yield from (outcomes, seconds, lag, circuit, connected)
 
 
 def _buckets(histogram: Histogram) -> tuple[list[tuple[str, float]], float]:

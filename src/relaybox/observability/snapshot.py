@@ -20,16 +20,26 @@ if TYPE_CHECKING:
     from relaybox.relay.processor import Processor
 
 
-async def snapshot(relay: Relay, max_age: float = 5.0) -> dict[str, Any]:
-    """`relay`'s signals now, the table's counts read again where older than `max_age`."""
+async def snapshot(relay: Relay, max_age: float = 2.0) -> dict[str, Any]:
+    """`relay`'s signals now, the table's counts read again where older than `max_age`
+    seconds, whatever the relay's sampling interval: what a person reads must be now."""
     await relay.refresh_stats(max_age=max_age)
     now = time.monotonic()
-    urls = relay.database_urls
-    databases = {p.name: _database(relay, p, url, now)
-                 for p, url in zip(relay.processors, urls, strict=False)}  # fmt: skip
+    databases: dict[str, Any] = {}
+    processors = {p.name: p for p in relay.processors}
+    for name, url in relay.database_urls.items():
+        processor = processors.get(name)
+        unreachable = relay.unreachable.get(name)
+        databases[name] = (
+            _database(relay, processor, url, now) if processor is not None
+            else {"url": url, "error": None if unreachable is None else unreachable.error}
+        )  # fmt: skip
     counters = relay.target_counters()
-    targets = {name: _target(counted, relay.circuits[name].state)
-               for name, counted in counters.items()}  # fmt: skip
+    targets = {}
+    for name, counted in counters.items():
+        unreachable = relay.unreachable.get(f"target {name}")
+        error = None if unreachable is None else unreachable.error
+        targets[name] = _target(counted, relay.circuits[name].state, error)
     problems = relay.readiness()
     return {
         "worker": relay.worker,
@@ -37,7 +47,10 @@ async def snapshot(relay: Relay, max_age: float = 5.0) -> dict[str, Any]:
         "uptime_seconds": None if relay.started_at is None else time.time() - relay.started_at,
         "ready": not problems,
         "problems": problems,
-        "signals": _signals([p.stats_sample for p in relay.processors], counters.values()),
+        "signals": _signals(
+            [p.stats_sample if (p := processors.get(name)) else None for name in databases],
+            counters.values(),
+        ),
         "databases": databases,
         "targets": targets,
     }
@@ -48,6 +61,7 @@ def _database(
 ) -> dict[str, Any]:
     return {
         "url": url,
+        "error": None,
         "partitions_held": processor.partitions_held,
         "partition_count": relay.settings.partitions,
         "batches_in_flight": processor.in_flight,
@@ -74,8 +88,10 @@ def _sample(sample: StatsSample | None, now: float) -> dict[str, Any] | None:
     }
 
 
-def _target(counters: TargetCounters, state: CircuitState) -> dict[str, Any]:
+def _target(counters: TargetCounters, state: CircuitState, error: str | None) -> dict[str, Any]:
     return {
+        "connected": error is None,
+        "error": error,
         "circuit": state.value,
         "acked": counters.acked,
         "retried": counters.retried,

@@ -220,7 +220,8 @@ class Delivery:
             silent = timed_out(f"no answer from the broker within {self._timeout:g} s")
             results = [silent] * len(batch)
         except Exception as error:  # noqa: BLE001 - any publisher failure is retried later
-            logger.warning("publish raised %r", error, extra={"action": "publish_error"})
+            logger.warning("publish to target %s raised %r", target, error,
+                           extra={"action": "publish_error", "target": target})  # fmt: skip
             results = [transient(f"{type(error).__name__}: {error}")] * len(batch)
         if len(results) != len(batch):
             results = [transient("publisher returned a wrong number of results")] * len(batch)

@@ -6,11 +6,20 @@
 
 One `Processor` per database, sharing the publishers and their circuit
 breakers, so a broken broker pauses its target in every database at once.
+
+A broker or database that cannot be reached when the relay starts does not stop it:
+the relay runs, `readiness()` says what it waits for, and each one is connected again
+in the background, with backoff, until it answers. Meanwhile a target's circuit is
+held open (its rows stay pending and burn no attempt) and a database has no processor.
+Only what retrying cannot mend fails at once: a bad URL, a missing extra, a missing
+schema, a broker that refuses the configuration.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -20,8 +29,9 @@ from relaybox.core.circuit import CircuitBreaker, CircuitState
 from relaybox.core.identifiers import DEFAULT_TABLE, validate_table_name
 from relaybox.core.ids import instance_name
 from relaybox.core.message import Message
+from relaybox.core.retry import RetryPolicy
 from relaybox.core.signals import TargetCounters
-from relaybox.errors import ConfigurationError
+from relaybox.errors import BrokerUnavailableError, ConfigurationError, StorageOperationalError
 from relaybox.ports import OperatorStorage, PartitionStorage, Publisher, RowLeaseStorage, Storage
 from relaybox.publishers import open_publisher
 from relaybox.relay.partition_leases import PartitionLeaseProcessor
@@ -41,6 +51,31 @@ logger = logging.getLogger(__name__)
 
 #: A database URL, or a storage object that serves the ports the relay's mode needs.
 Database = str | Storage
+
+#: The pauses between connection attempts to a broker or database that is down:
+#: doubling from 1 s to 30 s, jittered so that relays started together spread out.
+RECONNECT = RetryPolicy(base_delay=1.0, max_delay=30.0, jitter=0.1)
+
+#: What a connection attempt raises when retrying may help; anything else is a
+#: configuration to fix, and fails at start.
+_UNREACHABLE = (BrokerUnavailableError, StorageOperationalError)
+
+
+@dataclasses.dataclass
+class Unreachable:
+    """A broker or database the relay is still trying to connect to."""
+
+    #: What `readiness()` names it by: "target audit", "db0".
+    name: str
+    #: Why the last attempt failed, naming it (secrets masked).
+    error: str
+    #: time.monotonic() of the next attempt (None: one is running).
+    retry_at: float | None = None
+
+    def describe(self, now: float) -> str:
+        if self.retry_at is None:
+            return f"{self.error}; trying again now"
+        return f"{self.error}; retrying in {max(0.0, self.retry_at - now):.0f} s"
 
 
 class Relay:
@@ -66,8 +101,14 @@ class Relay:
         self._publishers = {
             name: open_publisher(b) if isinstance(b, str) else b for name, b in brokers.items()
         }
-        self.circuits = {name: CircuitBreaker(self.settings.circuit) for name in self._publishers}
+        self.circuits = {
+            name: CircuitBreaker(self.settings.circuit, on_close=_log_closed(name))
+            for name in self._publishers
+        }
         self.processors: list[Processor[Any]] = []
+        #: What the relay is still connecting to, by target name or database name.
+        self.unreachable: dict[str, Unreachable] = {}
+        self._reconnecting: set[asyncio.Task[None]] = set()
         self._opened: list[Storage] = []
         self._listeners: list[Listener] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -90,42 +131,140 @@ class Relay:
         await self.stop()
 
     async def start(self) -> None:
+        """Connect to each broker and database once; what cannot be reached yet is
+        retried in the background. Raises only for what retrying cannot mend."""
         self._loop = asyncio.get_running_loop()
+        for circuit in self.circuits.values():  # until its publisher is connected
+            circuit.hold()
         try:
-            for publisher in self._publishers.values():
-                await publisher.start()
-            for index, database in enumerate(self._databases):
-                processor = await self._processor(f"db{index}", database)
-                self.processors.append(processor)
-                await self._listen(database, processor)
+            await self._first_attempts()
         except BaseException:
+            await self._stop_reconnecting()
+            self.processors.clear()
             await self._close_resources()
             raise
-        for processor in self.processors:
-            if self._stats_every is not None:
-                processor.sample_stats(self._stats_every)
-            processor.start()
+        for processor in self.processors:  # all at once, now that none can fail
+            self._run(processor)
         self.started_at = time.time()
         logger.info(
-            "relay %s started: %d database(s), targets %s", self.worker, len(self.processors),
-            ", ".join(self._publishers), extra={"action": "start"},
+            "relay %s started: %d of %d database(s) and %d of %d target(s) connected",
+            self.worker, len(self.processors), len(self._databases),
+            len(self._publishers) - sum(n.startswith("target ") for n in self.unreachable),
+            len(self._publishers), extra={"action": "start"},
         )  # fmt: skip
 
-    async def _processor(self, name: str, database: Database) -> Processor[Any]:
-        """One database's processor, of the mode the settings ask for."""
+    async def _first_attempts(self) -> None:
+        """One attempt at every broker and database, all at once. The first error that
+        retrying cannot mend is raised; what is only unreachable is retried later."""
+        names = [f"target {name}" for name in self._publishers]
+        names.extend(f"db{index}" for index in range(len(self._databases)))
+        attempts = [self._connector(name, run=False)() for name in names]
+        results = await asyncio.gather(*attempts, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, _UNREACHABLE):
+                raise result
+        for name, result in zip(names, results, strict=True):
+            if isinstance(result, BaseException):
+                self._retry_later(name, result)
+
+    def _connector(self, name: str, *, run: bool = True) -> Callable[[], Awaitable[None]]:
+        """What connects `name`: "target X" (its publisher) or "dbN" (its processor,
+        started unless `run` is false)."""
+        if name.startswith("target "):
+            return functools.partial(self._start_publisher, name.removeprefix("target "))
+        database = self._databases[int(name.removeprefix("db"))]
+        return functools.partial(self._start_database, name, database, run=run)
+
+    async def _start_publisher(self, target: str) -> None:
+        await self._publishers[target].start()
+        self.circuits[target].release()
+        self._wake_all()
+
+    async def _start_database(self, name: str, database: Database, *, run: bool) -> None:
+        """Open a database's connections and add its processor, started if `run`; on
+        failure, close what this attempt opened."""
+        opened: list[Storage] = []
+        try:
+            processor = await self._processor(name, database, opened)
+            await self._listen(database, processor)
+        except BaseException:
+            for storage in opened:
+                await storage.close()
+            raise
+        self._opened.extend(opened)
+        self.processors.append(processor)
+        self.processors.sort(key=lambda p: int(p.name.removeprefix("db")))
+        if run:
+            self._run(processor)
+
+    def _run(self, processor: Processor[Any]) -> None:
+        if self._stats_every is not None:
+            processor.sample_stats(self._stats_every)
+        processor.start()
+
+    def _retry_later(self, name: str, error: BaseException) -> None:
+        """Keep trying to connect `name` in the background until it answers."""
+        self.unreachable[name] = Unreachable(name, _describe(name, error, self._databases))
+        reconnect = self._reconnect(name, self._connector(name))
+        task = asyncio.create_task(reconnect, name=f"relay-connect-{name}")
+        self._reconnecting.add(task)
+        task.add_done_callback(self._reconnecting.discard)
+
+    async def _reconnect(self, name: str, connect: Callable[[], Awaitable[None]]) -> None:
+        """Try `connect` after each of RECONNECT's pauses until it succeeds, logging
+        each failure with the wait before the next try. A configuration error found
+        only now cannot stop a running relay: it is logged as an error and tried again
+        too, so that fixing it is enough."""
+        state = self.unreachable[name]
+        level, failures = logging.WARNING, 1
+        while True:
+            delay = RECONNECT.delay(failures)
+            state.retry_at = time.monotonic() + delay
+            logger.log(
+                level, "%s; retrying in %.0f s", state.error, delay,
+                extra={"action": "connect_retry", "connecting": name},
+            )  # fmt: skip
+            await asyncio.sleep(delay)
+            state.retry_at = None
+            try:
+                await connect()
+            except Exception as error:  # noqa: BLE001 - the relay runs on; the log says why
+                state.error = _describe(name, error, self._databases)
+                level = logging.WARNING if isinstance(error, _UNREACHABLE) else logging.ERROR
+            else:
+                del self.unreachable[name]
+                logger.info(
+                    "%s: connected", name, extra={"action": "connected", "connecting": name}
+                )
+                return
+            failures += 1
+
+    async def _stop_reconnecting(self) -> None:
+        tasks = list(self._reconnecting)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _processor(
+        self, name: str, database: Database, opened: list[Storage]
+    ) -> Processor[Any]:
+        """One database's processor, of the mode the settings ask for; the connections
+        it opens are added to `opened`."""
         common = (self._publishers, self.circuits, self.settings, self.worker,
                   self._stats_connection(database))  # fmt: skip
         if self.settings.partition_leases:
-            owned = await self._connect(database, PartitionStorage)
+            owned = await self._connect(database, PartitionStorage, opened)
             return PartitionLeaseProcessor(name, owned, *common)
-        leased = await self._connect(database, RowLeaseStorage)
+        leased = await self._connect(database, RowLeaseStorage, opened)
         return RowLeaseProcessor(name, leased, *common)
 
-    async def _connect(self, database: Database, port: type[Any]) -> Connections[Any]:
+    async def _connect(
+        self, database: Database, port: type[Any], opened: list[Storage]
+    ) -> Connections[Any]:
         """Three connections of their own to a database URL; a storage object given
         serves as all three."""
         if isinstance(database, str):
-            claims, settles, housekeeping = [await self._open(database) for _ in range(3)]
+            claims, settles, housekeeping = [await self._open(database, opened) for _ in range(3)]
             return Connections(claims, settles, housekeeping, housekeeping)
         if not isinstance(database, port) or not isinstance(database, OperatorStorage):
             raise ConfigurationError(
@@ -140,7 +279,7 @@ class Relay:
 
         async def opened() -> OperatorStorage:
             if isinstance(database, str):
-                return await self._open(database)
+                return await self._open(database, self._opened)
             if not isinstance(database, OperatorStorage):
                 raise ConfigurationError(f"{type(database).__name__} cannot count its rows")
             return database
@@ -157,9 +296,9 @@ class Relay:
 
         self._listeners.append(await listen(database, self.table, processor.wake))
 
-    async def _open(self, url: str) -> SqlStorage | MemoryStorage:
+    async def _open(self, url: str, into: list[Storage]) -> SqlStorage | MemoryStorage:
         storage = await open_storage(url, table=self.table)
-        self._opened.append(storage)
+        into.append(storage)
         return storage
 
     async def stop(self, timeout: float | None = None) -> None:
@@ -170,6 +309,7 @@ class Relay:
         self._stopping = True
         for unsubscribe in self._unsubscribe:
             unsubscribe()
+        await self._stop_reconnecting()
         await asyncio.gather(*(p.stop(timeout) for p in self.processors))
         await self._close_resources()
         self._closed.set()
@@ -237,23 +377,26 @@ class Relay:
         for processor in self.processors:
             processor.sample_stats(every)
 
-    async def refresh_stats(self, max_age: float = 5.0, wait: float = 2.0) -> None:
+    async def refresh_stats(self, max_age: float | None = None, wait: float = 2.0) -> None:
         """Read each table's counts again where the last reading is older than
-        `max_age` (or than the `sample_stats` interval, if longer), waiting `wait`
-        seconds at most (a slow reading finishes later)."""
-        max_age = max(max_age, self._stats_every or 0.0)
+        `max_age` seconds (None: the `sample_stats` interval, or 5 s without one),
+        waiting `wait` seconds at most (a slow reading finishes later)."""
+        if max_age is None:
+            max_age = self._stats_every or 5.0
         await asyncio.gather(
             *(p.refresh_stats(max_age=max_age, wait=wait) for p in self.processors)
         )
 
     def readiness(self) -> list[str]:
         """Why this relay is not doing its job now; empty when it is."""
-        if self.started_at is None or self._closed.is_set():
+        if self._loop is None or self._closed.is_set():
             return ["the relay is not running"]
+        if self.started_at is None:
+            return ["the relay is starting: connecting to its brokers and databases"]
         if self._stopping:
             return ["the relay is stopping"]
-        problems = []
         now = time.monotonic()
+        problems = [each.describe(now) for each in self.unreachable.values()]
         lease = self.settings.partition_lease_seconds
         for processor in self.processors if self.settings.partition_leases else ():
             if processor.heartbeat_at is None:
@@ -270,17 +413,41 @@ class Relay:
                     "which no live relay of the table serves"
                 )
         for target, state in self.circuit_states().items():
-            if state is CircuitState.OPEN:
+            if state is CircuitState.OPEN and f"target {target}" not in self.unreachable:
                 problems.append(f"target {target}: circuit open (the broker keeps failing)")
         return problems
 
     @property
-    def database_urls(self) -> list[str | None]:
+    def database_urls(self) -> dict[str, str | None]:
         """Each database's URL with its password masked (None: a storage given as an
-        object), in the order of `processors`."""
-        return [
-            DatabaseUrl.parse(d).masked if isinstance(d, str) else None for d in self._databases
-        ]
+        object), by the name of its processor."""
+        return {f"db{index}": _masked(d) for index, d in enumerate(self._databases)}
+
+
+def _masked(database: Database) -> str | None:
+    return DatabaseUrl.parse(database).masked if isinstance(database, str) else None
+
+
+def _describe(name: str, error: BaseException, databases: Sequence[Database]) -> str:
+    """Why connecting to `name` failed, naming it; a database's error is the driver's
+    own words, so the (masked) URL is added."""
+    if name.startswith("target "):
+        return f"{name}: {error}"
+    url = _masked(databases[int(name.removeprefix("db"))])
+    where = f" {url}" if url else ""
+    if isinstance(error, StorageOperationalError):
+        return f"{name}: cannot connect to the database{where}: {error}"
+    return f"{name}: the database{where} failed: {error}"
+
+
+def _log_closed(target: str) -> Callable[[], None]:
+    def closed() -> None:
+        logger.info(
+            "circuit closed for target %s: the broker answers again", target,
+            extra={"action": "circuit_close", "target": target},
+        )  # fmt: skip
+
+    return closed
 
 
 class _Subscribable(Protocol):
