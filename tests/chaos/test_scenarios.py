@@ -1,6 +1,6 @@
 """Scenarios beyond the fault plan, through the world's seams, on PostgreSQL with NATS:
-a fleet whose relays serve different targets, and a database whose open connections
-never answer again.
+relays started while their broker is down, a fleet whose relays serve different
+targets, and a database whose open connections never answer again.
 """
 
 from __future__ import annotations
@@ -12,6 +12,23 @@ from relaybox import Message, Outbox
 from tests.chaos.brokers import TOPIC
 from tests.chaos.test_chaos import REFERENCE, judge
 from tests.chaos.world import ChaosWorld
+
+
+async def test_a_relay_started_while_its_broker_is_down_delivers_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    async with ChaosWorld(tmp_path, REFERENCE, relays=2, start_relays=False) as world:
+        await world.broker.halt()
+        writers = world.writers(rate=200)
+        starting = asyncio.gather(*(world.start_relay(slot) for slot in range(2)))
+        await asyncio.sleep(5.0)
+        await world.broker.resume()
+        await starting
+        await asyncio.sleep(2.0)
+        outcome = await world.finish(writers)
+        assert world.relays.started == 2  # neither had to be started again
+        assert outcome.abandoned == []
+        judge(outcome)
 
 
 async def test_a_fleet_whose_relays_serve_different_targets_delivers_every_target(
