@@ -17,7 +17,10 @@ from relaybox.migrations import migrate
 PG_URL = os.environ.get("RELAYBOX_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 MYSQL_URL = os.environ.get("RELAYBOX_TEST_MYSQL", "mysql://root@127.0.0.1:3306/test")
 #: Tables the migrations create beside the outbox table, by suffix.
-SIDE_TABLES = ("_migrations", "_key_locks", "_members", "_partitions", "_watermarks", "_done")
+SIDE_TABLES = (
+    "_migrations", "_key_locks", "_members", "_partitions", "_watermarks", "_done", "_parked",
+    "_attempts",
+)  # fmt: skip
 #: Functions the PostgreSQL migrations create for a table, by suffix of its prefix.
 _PG_FUNCTIONS = ("_claim", "_read_past")
 

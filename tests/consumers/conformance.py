@@ -97,11 +97,11 @@ def timed(
     `begun` as it begins."""
     process = consumer.process
 
-    async def timed_process(message: Incoming) -> Processed:
+    async def timed_process(message: Incoming, **options: Any) -> Processed:
         began = time.monotonic()
         if begun is not None:
             begun.append(name)
-        outcome = await process(message)
+        outcome = await process(message, **options)
         runs.append(Run(name, began, time.monotonic(), outcome))
         return outcome
 
@@ -264,3 +264,32 @@ class ConsumerConformance:
         assert world.effects() == {str(m.id): 1 for m in messages}
         await harness.check_settled(consumer)
         await harness.check_rejected()
+
+    async def test_a_message_that_always_fails_is_parked_and_does_not_block(
+        self, world: InboxWorld, harness: ConsumerHarness
+    ) -> None:
+        messages = [stored(harness.topic, key=f"k{n}") for n in range(3)]
+        poison = str(messages[1].id)
+        runs: list[int | None] = []
+
+        async def always_fail(message: Incoming) -> None:
+            if message.id == poison:
+                runs.append(message.delivery_count)
+                raise RuntimeError("this message always fails")
+
+        await harness.prepare()
+        consumer = harness.retrying(world.consumer(before_effect=always_fail))
+        consumer.max_attempts = 3
+        async with consumer:
+            await harness.publish(*messages)
+            await wait_until(
+                lambda: (consumer.consumer.applied, consumer.consumer.parked) == (2, 1), timeout=60
+            )
+            await harness.settling()
+        assert world.effects() == {str(m.id): 1 for m in messages if str(m.id) != poison}
+        assert len(runs) == 3  # bounded: three attempts, then parked
+        ((message_id, reason, attempts, error, payload, status),) = world.parked()
+        assert (message_id, reason, attempts, status) == (poison, "failed", 3, "parked")
+        assert "this message always fails" in error
+        assert payload == messages[1].payload
+        await harness.check_settled(consumer)  # the parked message was acknowledged

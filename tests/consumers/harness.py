@@ -137,9 +137,9 @@ def counting_arrivals(consumer: BrokerConsumer, arrived: list[BrokerConsumer]) -
     inbox sees it."""
     handle = consumer.handle
 
-    async def arriving(decode: Callable[[], Incoming]) -> Verdict:
+    async def arriving(decode: Callable[[], Incoming], **options: Any) -> Verdict:
         arrived.append(consumer)
-        return await handle(decode)
+        return await handle(decode, **options)
 
     consumer.handle = arriving  # type: ignore[method-assign]
     return consumer

@@ -228,6 +228,32 @@ async def test_a_failed_handler_in_binary_mode_is_resent(world: InboxWorld) -> N
     assert (consumer.applied, consumer.duplicates) == (1, 0)
 
 
+async def test_a_message_that_always_fails_is_parked_and_the_publisher_stops(
+    world: InboxWorld,
+) -> None:
+    """The publisher's resends are the attempts, counted in the database: the last one
+    parks the message and is answered 200, so the relay stops sending it."""
+    message, other = stored(unique_topic()), stored(unique_topic())
+
+    async def always_fail(incoming: Incoming) -> None:
+        if incoming.id == str(message.id):
+            raise RuntimeError("this message always fails")
+
+    consumer = world.consumer(before_effect=always_fail)
+    async with (
+        ReceiverServer(WebhookReceiver(consumer, max_attempts=3)) as server,
+        started(publisher_for(server)) as publisher,
+    ):
+        assert await deliver(publisher, [message]) == [[T], [T], [A]]
+        assert await deliver(publisher, [other]) == [[A]]
+    assert server.statuses == [500, 500, 200, 200]
+    assert (consumer.applied, consumer.parked) == (1, 1)
+    assert world.effects() == {str(other.id): 1}
+    ((message_id, reason, attempts, _, payload, _),) = world.parked()
+    assert (message_id, reason, attempts, payload) == (str(message.id), "failed", 3,
+                                                      message.payload)  # fmt: skip
+
+
 async def test_a_crash_after_commit_before_the_response_is_resent_as_a_duplicate(
     world: InboxWorld,
 ) -> None:
@@ -329,7 +355,7 @@ async def test_a_structured_event_is_decoded(world: InboxWorld) -> None:
                      http_publisher.TOPIC_HEADER: topic},
         )  # fmt: skip
     assert response.status_code == 200
-    assert response.json() == {"received": 1, "applied": 1, "duplicates": 0}
+    assert response.json() == {"received": 1, "applied": 1, "duplicates": 0, "parked": 0}
     (got,) = received
     assert got.id == str(text.id)
     assert got.payload == b"plain"
@@ -377,7 +403,7 @@ async def test_the_asgi_app_answers_other_requests(world: InboxWorld) -> None:
                    "ce-specversion": "1.0", "ce-source": "relaybox"}  # fmt: skip
         ok = await client.post("/hooks/orders", content=b'{"n": 1}', headers=headers)
         assert ok.status_code == 200
-        assert ok.json() == {"received": 1, "applied": 1, "duplicates": 0}
+        assert ok.json() == {"received": 1, "applied": 1, "duplicates": 0, "parked": 0}
     assert world.effects() == {str(message.id): 1}
 
 

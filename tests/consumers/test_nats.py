@@ -23,6 +23,7 @@ from nats.js.api import StorageType, StreamConfig
 
 from relaybox.consumers import BrokerConsumer
 from relaybox.consumers.nats import NatsConsumer, decode
+from relaybox.core.incoming import Incoming
 from relaybox.core.records import StoredMessage
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
 from relaybox.inbox import Consumer
@@ -177,3 +178,33 @@ async def test_start_fails_clearly_when_nothing_listens(world: InboxWorld) -> No
     consumer = NatsConsumer(url, world.consumer(), stream="any", timeout=1.0)
     with pytest.raises(BrokerUnavailableError, match="cannot connect to NATS"):
         await consumer.start()
+
+
+async def test_a_message_that_crashes_its_consumer_is_parked_in_the_end(
+    world: InboxWorld, stream: NatsHarness
+) -> None:
+    """Each consumer dies inside the handler (stopped mid-transaction: nothing is
+    counted after it). JetStream's delivery count marks each redelivery, which counts
+    its attempt before the handler runs; past `max_attempts`, it is parked unrun."""
+    message = stored(stream.topic)
+    started: list[int | None] = []
+
+    async def hang(received: Incoming) -> None:
+        started.append(received.delivery_count)
+        await asyncio.Event().wait()
+
+    def crashing() -> NatsConsumer:
+        return stream.consumer(world.consumer(before_effect=hang), ack_wait=1.0, max_attempts=2)
+
+    await stream.publish(message)
+    for crash in (1, 2, 3):
+        async with crashing():
+            await wait_until(lambda n=crash: len(started) == n)  # type: ignore[misc]
+    async with crashing() as last:
+        await wait_until(lambda: last.consumer.parked == 1)
+        await stream.settling()  # parked, and acknowledged
+    assert started == [1, 2, 3]
+    ((message_id, reason, attempts, error, _, _),) = world.parked()
+    assert (message_id, reason, attempts) == (str(message.id), "failed", 2)
+    assert "without an outcome" in error
+    assert world.effects() == {}

@@ -73,10 +73,12 @@ def test_a_consumer_takes_the_shared_settings_by_one_name_with_one_default(
     assert not RETIRED & parameters.keys()
 
 
-def test_the_webhook_receiver_takes_none_of_them() -> None:
-    """It reads no broker: requests come to it, and the relay's publisher resends."""
+def test_the_webhook_receiver_takes_only_max_attempts() -> None:
+    """It reads no broker: requests come to it, and the relay's publisher resends; but
+    it does park a message whose attempts ran out."""
     parameters = inspect.signature(WebhookReceiver).parameters
-    assert not (SHARED.keys() | RETIRED | {"url"}) & parameters.keys()
+    assert (SHARED.keys() | RETIRED | {"url"}) & parameters.keys() == {"max_attempts"}
+    assert parameters["max_attempts"].default == DEFAULTS.max_attempts
 
 
 def test_reconnect_waits_double_up_to_their_cap_and_start_over_after_a_success() -> None:

@@ -142,6 +142,15 @@ class InboxWorld:
         )
         return Counter(str(row[0]) for row in rows)
 
+    def parked(self, consumer: str = "test") -> list[tuple[Any, ...]]:
+        """(message id, reason, attempts, error, payload, status) of each parked row."""
+        rows = fetch_all(
+            self.url,
+            f"SELECT message_id, reason, attempts, error, payload, status FROM "
+            f"{self.table}_parked WHERE consumer = '{consumer}' ORDER BY id",
+        )
+        return [(str(m), r, int(a), e, bytes(p), s) for m, r, a, e, p, s in rows]
+
     def inbox_ids(self, consumer: str = "test") -> set[str]:
         rows = fetch_all(
             self.url, f"SELECT message_id FROM {self.table} WHERE consumer = '{consumer}'"

@@ -95,7 +95,7 @@ _SIDE_TABLES = {
 
 def _catalog(dialect: str, table: str, db: Path, kind: sql.Kind) -> list[tuple[object, ...]]:
     """The catalog of the outbox (or inbox) table and every table beside it, rows tagged."""
-    side = _SIDE_TABLES[dialect] if kind == "outbox" else ("_watermarks",)
+    side = _SIDE_TABLES[dialect] if kind == "outbox" else ("_watermarks", "_parked", "_attempts")
     # A side table's catalog may name the outbox table too (its enum type, say).
     return [
         (suffix, *(str(v).replace(table, "T") for v in row))

@@ -24,6 +24,7 @@ class _LazyGroup(click.Group):
     relay or a migration loads neither the benchmark nor the demo."""
 
     LAZY: Mapping[str, str] = {
+        "parked": "relaybox.cli.parked:parked",
         "relay": "relaybox.cli.relay:relay",
         "bench": "relaybox.tools.bench:bench",
         "demo": "relaybox.tools.demo:demo",

@@ -17,6 +17,8 @@ Deliveries arrive up to `prefetch` at a time (basic.qos), are processed one by o
 arrival order and are settled, never auto-acked, only after `Consumer.process` returned:
 
     ACK     basic.ack, after the commit (the effects applied, or a duplicate skipped).
+    ACK     also for a message parked once its `max_attempts` ran out (see
+            `relaybox.inbox.consumer`): the database keeps it, not the queue.
     RETRY   basic.nack(requeue=True) after a backoff (`retry_delay`, doubled per
             consecutive failure up to `max_retry_delay`), so a failing handler does not
             spin; RabbitMQ puts the message back and delivers it again, to this or another
@@ -32,7 +34,8 @@ again with `redelivered` set; if its transaction had committed, the inbox acknow
 the copy as a duplicate. `Incoming.delivery_count` is a quorum queue's
 `x-delivery-count` header + 1 (the header counts earlier failed deliveries), 1 for a
 delivery that RabbitMQ marks as not redelivered, and None for a redelivery of unknown
-count (a classic queue).
+count (a classic queue); such a redelivery counts its attempt in the database before
+its handler runs, so a message that crashes the consumer is parked all the same.
 
 Reconnects: `connect_robust` connects again every `reconnect_wait` seconds after a lost
 connection (aio-pika's own loop: unlike the other consumers' waits, this one does not
@@ -143,6 +146,7 @@ class AmqpConsumer(BrokerConsumer):
         max_retry_delay: float = DEFAULTS.max_retry_delay,
         timeout: float = DEFAULTS.timeout,
         reconnect_wait: float = DEFAULTS.reconnect_wait,
+        max_attempts: int = DEFAULTS.max_attempts,
         name: str = "relaybox-consumer",
     ) -> None:
         """
@@ -160,9 +164,10 @@ class AmqpConsumer(BrokerConsumer):
         max_retry_delay  ... up to this.
         timeout          seconds to connect and set up (`start()` fails after it).
         reconnect_wait   seconds between reconnect attempts after a lost connection.
+        max_attempts     attempts at a message before it is parked (and acknowledged).
         name             the connection's name in RabbitMQ's management tools.
         """
-        super().__init__(consumer)
+        super().__init__(consumer, max_attempts=max_attempts)
         if not queue:
             raise ConfigurationError("AmqpConsumer needs a queue name")
         check_positive(prefetch=prefetch, timeout=timeout, reconnect_wait=reconnect_wait)
@@ -184,7 +189,7 @@ class AmqpConsumer(BrokerConsumer):
 
     # -- the loop ---------------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def consume(self) -> None:
         connection = await self._connect()
         try:
             deliveries: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
@@ -199,7 +204,9 @@ class AmqpConsumer(BrokerConsumer):
                 if delivery.redelivered:
                     logger.debug("redelivered: %s", delivery.message_id,
                                  extra={"action": "redelivered", "broker": "amqp"})  # fmt: skip
-                verdict = await self.handle(functools.partial(decode, delivery))
+                verdict = await self.handle(
+                    functools.partial(decode, delivery), redelivered=bool(delivery.redelivered)
+                )
                 await self.settle(delivery, verdict)
         finally:
             await connection.close()

@@ -2,10 +2,14 @@
 
 A broker consumer receives from its broker, decodes each delivery into an `Incoming`,
 hands it to a `Consumer` (handler + inbox + transaction), and settles the delivery by
-the verdict: `ACK` after the transaction committed (the handler's effects, or a
-duplicate skipped), `RETRY` when the handler raised (the transaction rolled back: the
-broker must deliver it again), `REJECT` when the delivery is not a readable envelope
-(it never will be: drop it, or dead-letter it where the broker can).
+the verdict: `ACK` after the transaction committed (the handler's effects, a duplicate
+skipped, or the message parked once its `max_attempts` ran out), `RETRY` when the
+handler raised with attempts left (the transaction rolled back: the broker must deliver
+it again), `REJECT` when the delivery is not a readable envelope (it never will be:
+drop it, or dead-letter it where the broker can).
+
+Beside the deliveries, `run` applies the parked messages an operator asked to replay
+(`Consumer.maintain`).
 
 The settings the consumers share are named and defaulted here, once (`SharedSettings`);
 their backoffs, after a handler failed and after a lost connection, are
@@ -26,7 +30,7 @@ from typing import Self
 from relaybox.core.incoming import Incoming
 from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError, EnvelopeError
-from relaybox.inbox.consumer import Consumer
+from relaybox.inbox.consumer import DEFAULT_MAX_ATTEMPTS, Consumer
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +56,9 @@ class SharedSettings:
     retry_delay: float = 1.0
     #: ... up to this.
     max_retry_delay: float = 30.0
+    #: Attempts at a message before it is parked in the inbox's database and
+    #: acknowledged (`relaybox.inbox.parked`); counted across redeliveries.
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     #: Seconds to connect and set up (declare, bind, subscribe): `start()` fails then.
     timeout: float = 10.0
     #: Seconds before reconnecting after a lost connection, doubled per further failed
@@ -119,15 +126,28 @@ class BrokerConsumer(abc.ABC):
     """Runs a `Consumer` on one broker's deliveries; use as an async context manager
     (runs in a background task) or await `run()` (runs until cancelled)."""
 
-    def __init__(self, consumer: Consumer) -> None:
+    def __init__(self, consumer: Consumer, *, max_attempts: int = DEFAULTS.max_attempts) -> None:
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ConfigurationError(f"max_attempts={max_attempts!r}: must be at least 1")
         self.consumer = consumer
+        self.max_attempts = max_attempts
         self.rejected = 0
         self.retried = 0
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    @abc.abstractmethod
     async def run(self) -> None:
+        """Consume until cancelled, applying requested replays beside."""
+        replays = asyncio.create_task(self.consumer.maintain(), name="relaybox-replays")
+        try:
+            await self.consume()
+        finally:
+            replays.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await replays
+
+    @abc.abstractmethod
+    async def consume(self) -> None:
         """Connect, subscribe, call `self.ready()`, then consume until cancelled."""
 
     def ready(self) -> None:
@@ -164,8 +184,9 @@ class BrokerConsumer(abc.ABC):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
-    async def handle(self, decode: Callable[[], Incoming]) -> Verdict:
-        """Decode one delivery and process it; the verdict says how to settle it."""
+    async def handle(self, decode: Callable[[], Incoming], *, redelivered: bool = False) -> Verdict:
+        """Decode one delivery and process it; the verdict says how to settle it.
+        `redelivered`: the broker marks it as a redelivery but gives no count."""
         try:
             message = decode()
         except EnvelopeError as error:
@@ -174,7 +195,9 @@ class BrokerConsumer(abc.ABC):
                          extra={"action": "envelope_rejected"})  # fmt: skip
             return Verdict.REJECT
         try:
-            await self.consumer.process(message)
+            await self.consumer.process(
+                message, max_attempts=self.max_attempts, redelivered=redelivered
+            )
         except asyncio.CancelledError:
             raise
         except Exception:  # the handler's error: its transaction rolled back, redeliver

@@ -15,12 +15,17 @@ A webhook has no broker that redelivers: the publisher (the relay) does, when it
 no 2xx. So the verdicts are HTTP statuses, sent only after `Consumer.process` returned:
     ACK     every message of the request committed (applied, or a duplicate skipped):
             200, with a JSON summary.
-    RETRY   a handler raised: its transaction rolled back; 500. The publisher treats
-            5xx (and a dropped connection, a timeout) as transient and sends the
-            request again later: that is the redelivery. A batch is processed in order,
-            each message in its own transaction, and stops at the first failure: the
-            messages before it are committed, so in the resent batch they are
-            duplicates, acknowledged without running the handler again.
+    PARKED  a handler failed on its `max_attempts`-th attempt (counted in the
+            inbox's database across the publisher's resends), or the payload does not
+            fit its handler's class: the message is parked (`relaybox.inbox.parked`)
+            and the request answered 200, so the publisher stops resending it.
+    RETRY   a handler raised with attempts left: its transaction rolled back; 500.
+            The publisher treats 5xx (and a dropped connection, a timeout) as
+            transient and sends the request again later: that is the redelivery. A
+            batch is processed in order, each message in its own transaction, and
+            stops at the first failure: the messages before it are committed, so in
+            the resent batch they are duplicates, acknowledged without running the
+            handler again.
     REJECT  the request is no readable envelope (no id, bad JSON, a batch with one bad
             event): 400, which the publisher takes as a permanent failure. Nothing of
             such a batch is processed.
@@ -45,12 +50,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import json
 import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
+from relaybox.consumers.base import DEFAULTS
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
 from relaybox.errors import ConfigurationError, EnvelopeError
@@ -190,7 +197,9 @@ class WebhookReceiver:
 
     `secret` turns on signature checks (`Relaybox-Signature`, made with the same secret
     as the publisher's `?secret=`), `tolerance` is the signature's maximum age in
-    seconds, `max_body_size` the largest body the ASGI adapter reads (413 beyond).
+    seconds, `max_body_size` the largest body the ASGI adapter reads (413 beyond),
+    `max_attempts` the attempts at a message before it is parked. Under ASGI, the
+    lifespan runs `Consumer.maintain` (requested replays); elsewhere, run it yourself.
     """
 
     def __init__(
@@ -200,13 +209,17 @@ class WebhookReceiver:
         secret: str | None = None,
         tolerance: float = 300.0,
         max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+        max_attempts: int = DEFAULTS.max_attempts,
     ) -> None:
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ConfigurationError(f"max_attempts={max_attempts!r}: must be at least 1")
         if secret is not None and not secret:
             raise ConfigurationError("secret must not be empty (None: requests are unsigned)")
         self.consumer = consumer
         self.secret = secret
         self.tolerance = tolerance
         self.max_body_size = max_body_size
+        self.max_attempts = max_attempts
         #: Requests refused as unreadable (400) and for their signature (401).
         self.rejected = 0
         self.unauthorized = 0
@@ -239,10 +252,10 @@ class WebhookReceiver:
             logger.error("rejected an unreadable webhook request: %s", error,
                          extra={"action": "envelope_rejected"})  # fmt: skip
             return _answer(400, error=str(error))
-        applied = duplicates = 0
+        applied = duplicates = parked = 0
         for message in messages:
             try:
-                outcome = await self.consumer.process(message)
+                outcome = await self.consumer.process(message, max_attempts=self.max_attempts)
             except asyncio.CancelledError:
                 raise
             except Exception:  # the handler's error: rolled back; the publisher resends
@@ -253,18 +266,18 @@ class WebhookReceiver:
                 )  # fmt: skip
                 return _answer(500, error=f"processing {message.id} failed; send it again",
                                applied=applied, duplicates=duplicates)  # fmt: skip
-            if outcome is Processed.APPLIED:
-                applied += 1
-            else:
-                duplicates += 1
-        return _answer(200, received=len(messages), applied=applied, duplicates=duplicates)
+            applied += outcome is Processed.APPLIED
+            duplicates += outcome is Processed.DUPLICATE
+            parked += outcome is Processed.PARKED
+        return _answer(200, received=len(messages), applied=applied, duplicates=duplicates,
+                       parked=parked)  # fmt: skip
 
     # -- ASGI ---------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI 3 application: HTTP requests go to `handle`; lifespan is accepted."""
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await _lifespan(receive, send, self.consumer)
             return
         if scope["type"] != "http":
             raise RuntimeError(f"WebhookReceiver serves HTTP, not {scope['type']}")
@@ -293,11 +306,18 @@ async def _respond(send: Send, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        event = await receive()
-        if event["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif event["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+async def _lifespan(receive: Receive, send: Send, consumer: Consumer) -> None:
+    """Requested replays are applied while the application runs."""
+    replays = asyncio.create_task(consumer.maintain(), name="relaybox-replays")
+    try:
+        while True:
+            event = await receive()
+            if event["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif event["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    finally:
+        replays.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await replays

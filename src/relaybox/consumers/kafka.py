@@ -24,6 +24,8 @@ Verdicts, settled only after `Consumer.process` returned (after the database com
             backoff (`retry_delay`, doubled per consecutive failure of that record up
             to `max_retry_delay`): the broker delivers the record again, and nothing
             behind it in the partition is processed before it (per-key order).
+    A record whose `max_attempts` ran out is parked in the inbox's database and
+            committed past like ACK (`relaybox.inbox.consumer`).
     REJECT  logged and committed past (Kafka cannot delete one record; there is no
             dead-letter topic here): the partition goes on with the next record.
 
@@ -38,7 +40,9 @@ the partition is given up.
 Headers: the CloudEvents Kafka binding as `relaybox.publishers.kafka` writes it:
 `ce_<name>` attributes (UTF-8 bytes), the content type in `content-type`, the message's
 own headers beside them; the record key is the message key. Kafka has no delivery
-count, so `Incoming.delivery_count` is None.
+count, so `Incoming.delivery_count` is None: attempts are counted in the database,
+and the first record of a partition after it was assigned, which may be one that
+crashed its last consumer, counts its attempt before its handler runs.
 
 aiokafka reconnects to the cluster by itself once started (fetches wait, commits retry
 until the broker is back); a poll that fails nonetheless is tried again after
@@ -166,6 +170,7 @@ class KafkaConsumer(BrokerConsumer):
         retry_delay: float = DEFAULTS.retry_delay,
         max_retry_delay: float = DEFAULTS.max_retry_delay,
         reconnect_wait: float = DEFAULTS.reconnect_wait,
+        max_attempts: int = DEFAULTS.max_attempts,
         session_timeout: float = 10.0,
         heartbeat_interval: float = 3.0,
         max_poll_interval: float = 300.0,
@@ -176,7 +181,7 @@ class KafkaConsumer(BrokerConsumer):
         `kafka://host:port[,...]`. `settings` go to `AIOKafkaConsumer` as they are
         (security_protocol, sasl_mechanism, ssl_context...); they cannot override the
         group, commit and offset-reset settings this consumer depends on."""
-        super().__init__(consumer)
+        super().__init__(consumer, max_attempts=max_attempts)
         self.bootstrap_servers = parse_servers(url)
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         if not self.topics or not all(isinstance(t, str) and t for t in self.topics):
@@ -211,6 +216,9 @@ class KafkaConsumer(BrokerConsumer):
         self._workers: dict[TopicPartition, _Worker] = {}
         #: Partitions revoked in the rebalance under way: kept paused until it ends.
         self._revoked: set[TopicPartition] = set()
+        #: Partitions assigned whose first record is still to come: it may be one that
+        #: crashed the partition's last consumer.
+        self._fresh: set[TopicPartition] = set()
         #: Consecutive failures of the record a partition is retrying: (offset, count).
         self._failures: dict[TopicPartition, tuple[int, int]] = {}
         #: Offsets committed, per (topic, partition): what this consumer acknowledged.
@@ -218,7 +226,7 @@ class KafkaConsumer(BrokerConsumer):
 
     # -- the main loop ----------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def consume(self) -> None:
         from aiokafka.errors import KafkaError
 
         kafka = await self._connect()
@@ -255,6 +263,7 @@ class KafkaConsumer(BrokerConsumer):
 
             async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
                 owner._revoked.clear()  # a new assignment: its partitions start unpaused
+                owner._fresh |= assigned
                 logger.info("assigned %s in group %s", sorted(map(str, assigned)),
                             owner.group_id, extra={"action": "partitions_assigned"})  # fmt: skip
 
@@ -323,7 +332,9 @@ class KafkaConsumer(BrokerConsumer):
             for record in records:
                 if stopping.is_set():
                     return  # revoked: the partition's next owner reads the rest
-                verdict = await self.handle(functools.partial(decode, record))
+                first = partition in self._fresh
+                self._fresh.discard(partition)
+                verdict = await self.handle(functools.partial(decode, record), redelivered=first)
                 if verdict is Verdict.RETRY:
                     await self._backoff(partition, record.offset, stopping)
                     return  # ...then read again from this record, by the broker

@@ -51,6 +51,10 @@ Verdicts (MQTT has no negative acknowledgement):
             unacknowledged in the session (the retries then stop and it is redelivered
             after the reconnect).
     REJECT  acknowledged like ACK (and logged): the only way to drop it for good.
+The retries end when the message's `max_attempts` ran out: it is parked in the inbox's
+database and acknowledged (`relaybox.inbox.consumer`). MQTT counts no deliveries, so the
+attempts are counted in the database after each failure; an attempt that died with its
+process is not counted.
 
 Redelivery: on every reconnect of the session (this process restarted, the connection
 dropped, the broker restarted with persistence) the broker sends again, with DUP set,
@@ -152,6 +156,7 @@ class MqttConsumer(BrokerConsumer):
         retry_delay: float = DEFAULTS.retry_delay,
         max_retry_delay: float = DEFAULTS.max_retry_delay,
         reconnect_wait: float = DEFAULTS.reconnect_wait,
+        max_attempts: int = DEFAULTS.max_attempts,
     ) -> None:
         """
         url              the broker, `mqtt://[user:password@]host[:port]` (1883) or
@@ -169,8 +174,9 @@ class MqttConsumer(BrokerConsumer):
         max_retry_delay  ... up to this.
         reconnect_wait   seconds before reconnecting after a lost connection, doubled
                          per further failed attempt.
+        max_attempts     attempts at a message before it is parked (and acknowledged).
         """
-        super().__init__(consumer)
+        super().__init__(consumer, max_attempts=max_attempts)
         parsed = BrokerUrl(url)
         parsed.done()
         if parsed.scheme not in ("mqtt", "mqtts"):
@@ -210,7 +216,7 @@ class MqttConsumer(BrokerConsumer):
 
     # -- the loop ---------------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def consume(self) -> None:
         import aiomqtt
 
         connected = False

@@ -21,6 +21,9 @@ Verdicts, settled only after `Consumer.process` returned (after the commit):
             with the next messages meanwhile, so a retried message is applied after
             later messages of its key.
     REJECT  `+TERM`: the server never delivers it again.
+A message whose `max_attempts` ran out is parked in the inbox's database and ACKed
+(`relaybox.inbox.consumer`); with `max_deliver` set, keep it above `max_attempts`, or
+the server stops delivering before the consumer parks.
 
 Redelivery: a message fetched and not settled within `ack_wait` (the process died, the
 connection dropped, a batch waited behind a slow handler) is delivered again, to this
@@ -118,6 +121,7 @@ class NatsConsumer(BrokerConsumer):
         deliver: DeliverFrom = "all",
         timeout: float = DEFAULTS.timeout,
         reconnect_wait: float = DEFAULTS.reconnect_wait,
+        max_attempts: int = DEFAULTS.max_attempts,
         name: str = "relaybox-consumer",
     ) -> None:
         """
@@ -141,8 +145,9 @@ class NatsConsumer(BrokerConsumer):
         reconnect_wait   seconds between the client's reconnect attempts, and before
                          binding again (doubled per further failed attempt).
         name             the connection's name in the server's monitoring.
+        max_attempts     attempts at a message before it is parked (and acknowledged).
         """
-        super().__init__(consumer)
+        super().__init__(consumer, max_attempts=max_attempts)
         if not stream or not durable:
             raise ConfigurationError("NatsConsumer needs a stream and a durable name")
         check_positive(prefetch=prefetch, fetch_timeout=fetch_timeout, ack_wait=ack_wait,
@@ -170,7 +175,7 @@ class NatsConsumer(BrokerConsumer):
 
     # -- the loop ---------------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def consume(self) -> None:
         client = await self._connect()
         try:
             subscription = await self._bind(client)

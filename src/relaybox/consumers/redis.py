@@ -19,6 +19,8 @@ Verdicts, settled only after `Consumer.process` returned (after the commit):
             been idle for `claim_idle` seconds; that wait is the retry's backoff. The
             consumer goes on with newer entries meanwhile, so a retried entry is
             applied after later entries of its key.
+    An entry whose `max_attempts` ran out is parked in the inbox's database and
+            acknowledged like ACK (`relaybox.inbox.consumer`).
     REJECT  XACK, after copying the entry to the `dead_letter` stream if one is named
             (with `dl_stream`, `dl_id`, `dl_group` and `dl_reason` fields added, in one
             MULTI with the XACK), and logged. It is never delivered again.
@@ -122,6 +124,7 @@ class RedisConsumer(BrokerConsumer):
         dead_letter: str | None = None,
         timeout: float = DEFAULTS.timeout,
         reconnect_wait: float = DEFAULTS.reconnect_wait,
+        max_attempts: int = DEFAULTS.max_attempts,
     ) -> None:
         """
         url             `redis://[:password@]host:port/db` or `rediss://`.
@@ -140,8 +143,9 @@ class RedisConsumer(BrokerConsumer):
         timeout         seconds for connecting and for each command.
         reconnect_wait  seconds to wait after a lost connection before trying again,
                         doubled per further failed attempt.
+        max_attempts    attempts at an entry before it is parked (and acknowledged).
         """
-        super().__init__(consumer)
+        super().__init__(consumer, max_attempts=max_attempts)
         if not stream or not group:
             raise ConfigurationError("RedisConsumer needs a stream and a group")
         check_positive(prefetch=prefetch, fetch_timeout=fetch_timeout, claim_idle=claim_idle,
@@ -164,7 +168,7 @@ class RedisConsumer(BrokerConsumer):
 
     # -- the loop ---------------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def consume(self) -> None:
         from redis import exceptions as redis_errors
 
         client = self._client()

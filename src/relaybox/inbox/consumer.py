@@ -1,16 +1,30 @@
-"""`Consumer`: run a handler once per message, inside a transaction with the inbox check.
+"""`Consumer`: run a message's handler once, inside a transaction with the inbox check;
+park what can never succeed.
 
 The broker consumers (`relaybox.consumers.*`) decode what their broker delivered into
 an `Incoming`, call `Consumer.process`, and acknowledge the broker only after it
 returned, that is after the transaction committed. So:
 
 - the handler raised: the transaction rolled back, nothing is acknowledged, and the
-  broker delivers the message again;
+  broker delivers the message again, up to `max_attempts` attempts; the last failure
+  parks it instead (see `relaybox.inbox.parked`), and the parked message is acknowledged;
+- the payload does not fit the handler's payload class, or is not JSON: parked at once,
+  no retry can change it;
+- no handler takes the message's type: `unknown_types` says ("park", "skip" or "fail");
 - the process died after the commit but before the acknowledgement: the broker
   delivers it again, the inbox finds it recorded, and the copy is acknowledged without
   running the handler;
 - two consumers got copies of one message at once: one commits, the other's inbox
   check waits for that commit and then skips (see `relaybox.inbox.inbox`).
+
+Attempts are counted in the database (`<inbox>_attempts`), so they survive a
+redelivery to another process. A failed attempt is counted after its rollback. One
+that may have died with its process cannot be: so a delivery that the broker marks as a
+redelivery (a delivery count above 1, RabbitMQ's redelivered flag, Kafka's first record
+after a partition was assigned) counts its attempt before running the handler, in a
+short transaction of its own, and a message redelivered after `max_attempts` such
+attempts is parked without running again. A message that kills its consumer is parked
+too, then.
 
 A handler can write the next messages of a chain into the outbox through the same
 connection (`Outbox.add(conn, message.follow_up(...))`): they commit, or not, with the
@@ -20,72 +34,133 @@ effects and the inbox record.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import inspect
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 from relaybox.core.incoming import Incoming
 from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError, EnvelopeError, InboxError
+from relaybox.inbox import parked
 from relaybox.inbox.inbox import Inbox
+from relaybox.inbox.parked import ParkedMessage, Reason
+from relaybox.inbox.payloads import Decoder, decoder
+from relaybox.inbox.rows import Work, run_sync
 
 logger = logging.getLogger(__name__)
 
-AsyncHandler = Callable[[Incoming, Any], Awaitable[None]]
-SyncHandler = Callable[[Incoming, Any], None]
+T = TypeVar("T")
+AsyncHandler = Callable[..., Awaitable[None]]
+SyncHandler = Callable[..., None]
 #: Opens one transaction and yields its connection or session; commits on a clean exit,
 #: rolls back on an exception. `engine.begin`, `async_sessionmaker.begin`, psycopg's
 #: `pool.connection`, or a small function of your own.
 Transaction = Callable[[], AbstractAsyncContextManager[Any] | AbstractContextManager[Any]]
+#: What to do with a message whose type no handler takes.
+UnknownTypes = Literal["park", "skip", "fail"]
+UNKNOWN_TYPES: tuple[UnknownTypes, ...] = ("park", "skip", "fail")
 
-#: Seconds between two purges of expired ids (inbox "id" mode).
+#: Seconds between two purges of expired ids (inbox "id" mode) and attempt counts.
 DEFAULT_PURGE_INTERVAL = 60.0
+#: Attempts at a message before it is parked (`SharedSettings.max_attempts`).
+DEFAULT_MAX_ATTEMPTS = 5
+#: Seconds between two looks for parked messages an operator asked to replay.
+DEFAULT_REPLAY_INTERVAL = 5.0
+#: Requested replays read per query.
+REPLAY_BATCH = 100
 
 
 class Processed(enum.Enum):
-    """What `Consumer.process` did with a message; either way, acknowledge it."""
+    """What `Consumer.process` did with a message; whichever, acknowledge it."""
 
     APPLIED = "applied"
     DUPLICATE = "duplicate"
+    #: Given up on and kept in the parked table (an invalid payload, no attempt left, a
+    #: type without a handler).
+    PARKED = "parked"
+    #: A type without a handler, under unknown_types="skip": nothing was written.
+    SKIPPED = "skipped"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Route:
+    """A handler, and how its payload is decoded (None: it gets the message only)."""
+
+    handler: Callable[..., Any]
+    decode: Decoder | None
+
+    def arguments(self, message: Incoming) -> tuple[Any, ...]:
+        """The handler's arguments but the connection; `EnvelopeError` for a payload
+        that does not fit."""
+        return (message,) if self.decode is None else (self.decode(message), message)
+
+
+class _Poison(Exception):
+    """Park this message now, for `reason`: no attempt of it can succeed."""
+
+    def __init__(self, reason: Reason, error: str) -> None:
+        super().__init__(error)
+        self.reason: Reason = reason
 
 
 class Consumer:
-    """A handler, the inbox that guards it and the transactions it runs in.
+    """Handlers, the inbox that guards them and the transactions they run in.
 
-    An ``async def`` handler runs in the event loop and `transaction` must return an
-    async context manager; a plain ``def`` handler runs, with its transaction, in a
+    `handler` (optional) takes every message whose type has no handler of its own; a
+    handler for one type is registered with `@consumer.handler("OrderPlaced")`. Each is
+    called as ``handler(message, connection)``, or, registered with `payload=` a
+    dataclass or pydantic model, as ``handler(payload, message, connection)``.
+
+    ``async def`` handlers run in the event loop and `transaction` must return an
+    async context manager; plain ``def`` handlers run, with their transaction, in a
     worker thread (so a sync driver never blocks the broker client's heartbeats), and
-    `transaction` must return a sync one, opened in that thread.
+    `transaction` must return a sync one, opened in that thread. All of one consumer's
+    handlers are of one kind.
     """
 
     def __init__(
         self,
-        handler: AsyncHandler | SyncHandler,
+        handler: AsyncHandler | SyncHandler | None = None,
         *,
         inbox: Inbox,
         transaction: Transaction,
+        unknown_types: UnknownTypes = "park",
         purge_interval: float | None = DEFAULT_PURGE_INTERVAL,
+        replay_interval: float | None = DEFAULT_REPLAY_INTERVAL,
         retry_in_place: bool | None = None,
         retry_delay: float = 0.1,
         max_retry_delay: float = 30.0,
     ) -> None:
-        if not callable(handler) or not callable(transaction):
+        if not callable(transaction) or (handler is not None and not callable(handler)):
             raise ConfigurationError("Consumer needs a callable handler and transaction")
         if not 0 < retry_delay <= max_retry_delay:
             raise ConfigurationError("retry delays must satisfy 0 < retry_delay <= max")
-        self.handler = handler
+        if unknown_types not in UNKNOWN_TYPES:
+            raise ConfigurationError(
+                f"unknown_types={unknown_types!r}: use 'park', 'skip' or 'fail'"
+            )
+        if replay_interval is not None and not replay_interval > 0:
+            raise ConfigurationError(f"replay_interval={replay_interval!r}: must be above zero")
         self.inbox = inbox
         self.transaction = transaction
-        self.is_async = inspect.iscoroutinefunction(handler)
+        self.unknown_types: UnknownTypes = unknown_types
+        self._routes: dict[str, _Route] = {}
+        self._fallback: _Route | None = None
+        self.is_async = True
+        self._kind: bool | None = None  # is_async, once a handler decided it
+        if handler is not None:
+            self._fallback = self._route_for(handler, None)
         self.purge_interval = purge_interval
-        #: Retry a failing handler here, until it succeeds or the consumer stops, rather
-        #: than hand the message back to the broker: a watermark inbox needs it (see
-        #: `process`), so it is the default there.
+        self.replay_interval = replay_interval
+        #: Retry a failing handler here, up to its attempts, rather than hand the message
+        #: back to the broker: a watermark inbox needs it (see `process`), so it is the
+        #: default there.
         self.retry_in_place = (
             inbox.mode == "watermark" if retry_in_place is None else retry_in_place
         )
@@ -94,66 +169,284 @@ class Consumer:
         self._next_purge = 0.0  # the first message purges what expired while it was down
         self.applied = 0
         self.duplicates = 0
+        self.parked = 0
+        self.skipped = 0
+        self.replayed = 0
 
-    async def process(self, message: Incoming) -> Processed:
-        """Check, handle and commit `message`; raises what the handler raised (after the
-        rollback), and then the message must not be acknowledged.
+    def handler(
+        self, type_name: str, *, payload: type[Any] | None = None
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register the decorated function as the handler of messages of `type_name`
+        (the CloudEvents type on the wire). With `payload`, the JSON payload is decoded
+        into that dataclass or pydantic model, and validated, before the transaction;
+        one that does not fit is parked."""
+        if not isinstance(type_name, str) or not type_name:
+            raise ConfigurationError("name the message type a handler takes")
+        if type_name in self._routes:
+            raise ConfigurationError(f"type {type_name!r} has a handler already")
+        decode = None if payload is None else decoder(payload)
+
+        def register(function: Callable[..., Any]) -> Callable[..., Any]:
+            self._routes[type_name] = self._route_for(function, decode)
+            return function
+
+        return register
+
+    def _route_for(self, function: Callable[..., Any], decode: Decoder | None) -> _Route:
+        if not callable(function):
+            raise ConfigurationError(f"handler {function!r} is not callable")
+        kind = inspect.iscoroutinefunction(function)
+        if self._kind is not None and kind != self._kind:
+            raise ConfigurationError(
+                "a consumer's handlers are all async def or all def: they share its "
+                "transaction, which is either async or sync"
+            )
+        self._kind = self.is_async = kind
+        return _Route(function, decode)
+
+    # -- one message ----------------------------------------------------------------
+
+    async def process(
+        self,
+        message: Incoming,
+        *,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        redelivered: bool = False,
+    ) -> Processed:
+        """Check, handle and commit `message`, or park it; raises what the handler
+        raised (after the rollback) while it has attempts left, and then the message
+        must not be acknowledged. `redelivered`: the broker says this may be a
+        redelivery without counting deliveries (see the module's docstring).
 
         With `retry_in_place`, a failing handler is retried here instead (backing off
-        from `retry_delay` to `max_retry_delay` seconds), and this returns only once it
-        committed. A broker hands a negatively acknowledged message back later, after
-        messages that came behind it: for a watermark inbox those would move the mark
-        past it, and the late one would be skipped as a copy. Retrying in place keeps
-        each lane in order, at the price of holding up what follows a failing message.
+        from `retry_delay` to `max_retry_delay` seconds) until it commits or its
+        attempts run out. A broker hands a negatively acknowledged message back later,
+        after messages that came behind it: for a watermark inbox those would move the
+        mark past it, and the late one would be skipped as a copy. Retrying in place
+        keeps each lane in order, at the price of holding up what follows a failing
+        message.
         """
+        if max_attempts < 1:
+            raise ConfigurationError(f"max_attempts={max_attempts!r}: must be at least 1")
+        try:
+            route, arguments = self._dispatch(message)
+        except _Poison as poison:
+            return await self._park(message, poison.reason, str(poison), 0)
+        if route is None:
+            self.skipped += 1
+            logger.info("skipped %s: no handler for type %r", message.id, message.type,
+                        extra={"action": "type_skipped", "message_id": message.id})  # fmt: skip
+            return Processed.SKIPPED
+        # This attempt's number, when it is counted before running it.
+        counted = await self._count(message, None) if _suspect(message, redelivered) else None
+        if counted is not None and counted > max_attempts:
+            error = await self._last_error(message) or (
+                f"attempt {counted - 1} ended without an outcome (the consumer crashed, "
+                "stopped or lost its connection)"
+            )
+            return await self._park(message, "failed", error, counted - 1)
         pauses = RetryPolicy(base_delay=self.retry_delay, max_delay=self.max_retry_delay)
         for failures in itertools.count(1):
             try:
-                outcome = await self._once(message)
+                outcome = await self._apply(message, route, arguments)
                 break
-            except (ConfigurationError, EnvelopeError, InboxError):
+            except (ConfigurationError, InboxError):
                 self.failures += 1
-                raise  # retrying cannot help: the setup or the message is wrong
-            except Exception:
+                raise  # the setup is wrong, not the message: it must wait for a fix
+            except EnvelopeError as error:  # the handler found the message unreadable
                 self.failures += 1
+                return await self._park(message, "invalid", str(error), counted or 1)
+            except Exception as error:
+                self.failures += 1
+                attempt = counted if counted is not None else await self._count(message, error)
+                counted = None
+                if attempt >= max_attempts:
+                    return await self._park(message, "failed", _describe(error), attempt)
                 if not self.retry_in_place:
                     raise
                 delay = pauses.delay(failures)
                 logger.exception(
-                    "handler failed for %s; retrying in %.1fs", message.id, delay,
+                    "handler failed for %s (attempt %d of %d); retrying in %.1fs",
+                    message.id, attempt, max_attempts, delay,
                     extra={"action": "handler_retry", "message_id": message.id},
                 )  # fmt: skip
                 await asyncio.sleep(delay)
         if outcome is Processed.APPLIED:
             self.applied += 1
         else:
-            self.duplicates += 1
-            logger.info(
-                "duplicate %s skipped", message.id,
-                extra={"action": "inbox_duplicate", "message_id": message.id,
-                       "consumer": self.inbox.consumer},
-            )  # fmt: skip
+            self._duplicate(message)
         await self._maybe_purge()
         return outcome
 
-    async def _once(self, message: Incoming) -> Processed:
-        if self.is_async:
-            return await self._process_async(message)
-        return await asyncio.to_thread(self._process_sync, message)
+    def _dispatch(self, message: Incoming) -> tuple[_Route | None, tuple[Any, ...]]:
+        """The message's route and its handler's arguments; None: skip it. Raises
+        `_Poison` for a message to park at once, `InboxError` under "fail"."""
+        route = self._routes.get(message.type, self._fallback)
+        if route is None:
+            if self.unknown_types == "skip":
+                return None, ()
+            if self.unknown_types == "fail":
+                raise InboxError(
+                    f"no handler for type {message.type!r} (unknown_types='fail'): "
+                    "it is redelivered until a consumer with one takes it"
+                )
+            raise _Poison("unknown_type", f"no handler for type {message.type!r}")
+        try:
+            return route, route.arguments(message)
+        except EnvelopeError as error:
+            raise _Poison("invalid", str(error)) from None
 
-    async def _process_async(self, message: Incoming) -> Processed:
-        async with _async_transaction(self.transaction) as connection:
-            if not await self.inbox.record_async(connection, message):
+    async def _apply(
+        self, message: Incoming, route: _Route, arguments: tuple[Any, ...]
+    ) -> Processed:
+        async def apply(work: Work) -> Processed:
+            if not await work.record(message):
                 return Processed.DUPLICATE
-            await self.handler(message, connection)  # type: ignore[misc]
-        return Processed.APPLIED
+            await work.call(route.handler, *arguments, work.connection)
+            return Processed.APPLIED
 
-    def _process_sync(self, message: Incoming) -> Processed:
-        with _sync_transaction(self.transaction) as connection:
-            if not self.inbox.record(connection, message):
+        return await self._in_transaction(apply)
+
+    def _duplicate(self, message: Incoming) -> None:
+        self.duplicates += 1
+        logger.info(
+            "duplicate %s skipped", message.id,
+            extra={"action": "inbox_duplicate", "message_id": message.id,
+                   "consumer": self.inbox.consumer},
+        )  # fmt: skip
+
+    # -- attempts and parking ---------------------------------------------------------
+
+    async def _count(self, message: Incoming, error: BaseException | None) -> int:
+        """Count an attempt of `message` in the database; its number. An attempt that
+        could not be counted (the database is away too) is not counted: `error` is
+        raised as it is, and the message comes again."""
+        key = (self.inbox.consumer, message.id)
+        text = None if error is None else _describe(error)
+
+        async def count(work: Work) -> int:
+            params = (*key, text, text) if work.dialect == "mysql" else (*key, text)
+            await work.execute("count_attempt", *params)
+            ((attempts, _),) = await work.fetch("attempts", *key)
+            return int(attempts)
+
+        try:
+            return await self._in_transaction(count)
+        except Exception as failure:
+            logger.warning("could not count an attempt of %s: %r", message.id, failure,
+                           extra={"action": "attempt_not_counted"})  # fmt: skip
+            if error is None:
+                raise
+            raise error from failure
+
+    async def _last_error(self, message: Incoming) -> str | None:
+        async def last(work: Work) -> str | None:
+            rows = await work.fetch("attempts", self.inbox.consumer, message.id)
+            return str(rows[0][1]) if rows and rows[0][1] is not None else None
+
+        return await self._in_transaction(last)
+
+    async def _park(
+        self, message: Incoming, reason: Reason, error: str, attempts: int
+    ) -> Processed:
+        """Record `message` in the inbox and keep it in the parked table, in one
+        transaction; a copy already recorded is a duplicate, and nothing is parked."""
+        key = (self.inbox.consumer, message.id)
+
+        async def park(work: Work) -> Processed:
+            if not await work.record(message):
                 return Processed.DUPLICATE
-            self.handler(message, connection)
-        return Processed.APPLIED
+            params = parked.park_params(self.inbox.consumer, message, reason, error, attempts)
+            await work.execute("park", *params)
+            await work.execute("forget_attempts", *key)
+            return Processed.PARKED
+
+        outcome = await self._in_transaction(park)
+        if outcome is Processed.DUPLICATE:
+            self._duplicate(message)
+            return outcome
+        self.parked += 1
+        logger.error(
+            "parked %s (type %r, %s after %d attempts): %s",
+            message.id, message.type, reason, attempts, error,
+            extra={"action": "message_parked", "message_id": message.id, "reason": reason,
+                   "consumer": self.inbox.consumer, "attempts": attempts},
+        )  # fmt: skip
+        return outcome
+
+    # -- replays ----------------------------------------------------------------------
+
+    async def replay_parked(self, ids: Iterable[int] = (), *, by: str | None = None) -> int:
+        """Apply the parked messages whose replay was asked for (by `relaybox parked
+        replay`, or here: `ids` are asked for first); return how many were applied.
+
+        Each runs through its handler once, in a transaction of its own whose claim on
+        the parked row is the check (as the inbox record is for a delivery): applied
+        once, whichever consumer of this name gets there first. A replay that fails is
+        parked again with its new error. Running consumers do this every
+        `replay_interval` seconds (`maintain`)."""
+        wanted = list(ids)
+        if wanted:
+            await self._in_transaction(
+                lambda work: parked.resolve(work, wanted, status="replay", by=by, note=None)
+            )
+        applied = 0
+        while True:
+            rows = await self._in_transaction(
+                lambda work: work.fetch("requested", self.inbox.consumer, REPLAY_BATCH)
+            )
+            for row in rows:
+                applied += await self._replay(parked.from_row(row))
+            if len(rows) < REPLAY_BATCH:
+                return applied
+
+    async def _replay(self, row: ParkedMessage) -> int:
+        message = row.message
+
+        async def claim(work: Work, route: _Route | None, arguments: tuple[Any, ...]) -> int:
+            if await work.execute("claim_replay", row.id) != 1:
+                return 0  # another consumer of this name replayed it
+            if route is not None:
+                await work.call(route.handler, *arguments, work.connection)
+            return 1
+
+        reason: Reason = "failed"
+        try:
+            route, arguments = self._dispatch(message)
+            done = await self._in_transaction(lambda work: claim(work, route, arguments))
+        except _Poison as poison:
+            reason, error = poison.reason, str(poison)
+        except (ConfigurationError, InboxError):
+            raise
+        except Exception as failure:  # noqa: BLE001 - the handler's: parked again
+            reason, error = ("invalid" if isinstance(failure, EnvelopeError) else "failed",
+                             _describe(failure))  # fmt: skip
+        else:
+            self.replayed += done
+            logger.info("replayed parked message %d (%s)", row.id, message.id,
+                        extra={"action": "parked_replayed", "message_id": message.id})  # fmt: skip
+            return done
+        await self._in_transaction(
+            lambda work: work.execute("replay_failed", reason, error, row.id)
+        )
+        logger.error("replay of parked message %d (%s) failed: %s; parked again", row.id,
+                     message.id, error, extra={"action": "replay_failed"})  # fmt: skip
+        return 0
+
+    async def maintain(self) -> None:
+        """Apply requested replays every `replay_interval` seconds, until cancelled. The
+        broker consumers run this beside their deliveries."""
+        if self.replay_interval is None:
+            return
+        while True:
+            try:
+                await self.replay_parked()
+            except Exception:  # the next round tries again; a delivery never waits on it
+                logger.exception("looking for parked messages to replay failed",
+                                 extra={"action": "replay_sweep_failed"})  # fmt: skip
+            await asyncio.sleep(self.replay_interval)
+
+    # -- retention --------------------------------------------------------------------
 
     async def _maybe_purge(self) -> None:
         """Now and then, delete expired ids in short transactions of their own."""
@@ -168,21 +461,46 @@ class Consumer:
             logger.exception("inbox purge failed", extra={"action": "inbox_purge"})
 
     async def purge(self) -> int:
-        """Delete every id past the inbox's retention, a batch per transaction."""
+        """Delete every id, and every attempt count, past the inbox's retention, a batch
+        per transaction; return how many ids."""
         total = 0
         while True:
-            if self.is_async:
-                async with _async_transaction(self.transaction) as connection:
-                    count = await self.inbox.purge_async(connection)
-            else:
-                count = await asyncio.to_thread(self._purge_sync)
-            total += count
-            if count < self.inbox.purge_batch:
+            ids, attempts = await self._in_transaction(self._purge_batch)
+            total += ids
+            if max(ids, attempts) < self.inbox.purge_batch:
                 return total
 
-    def _purge_sync(self) -> int:
+    async def _purge_batch(self, work: Work) -> tuple[int, int]:
+        inbox = self.inbox
+        ids = await work.purge()
+        params: tuple[Any, ...] = (inbox.consumer, inbox.retention_seconds, inbox.purge_batch)
+        if work.dialect == "sqlite":  # `?` cannot repeat a parameter
+            params = (inbox.consumer, *params)
+        return ids, await work.execute("purge_attempts", *params)
+
+    # -- transactions -----------------------------------------------------------------
+
+    async def _in_transaction(self, work: Callable[[Work], Coroutine[Any, Any, T]]) -> T:
+        """Run `work` in one transaction: in the event loop for async handlers, in a
+        worker thread for sync ones."""
+        if self.is_async:
+            async with _async_transaction(self.transaction) as connection:
+                return await work(await Work.opened(connection, self.inbox))
+        return await asyncio.to_thread(self._in_sync_transaction, work)
+
+    def _in_sync_transaction(self, work: Callable[[Work], Coroutine[Any, Any, T]]) -> T:
         with _sync_transaction(self.transaction) as connection:
-            return self.inbox.purge(connection)
+            return run_sync(work(Work.opened_sync(connection, self.inbox)))
+
+
+def _suspect(message: Incoming, redelivered: bool) -> bool:
+    """Whether an earlier attempt at this delivery may have died uncounted."""
+    count = message.delivery_count
+    return count > 1 if count is not None else redelivered
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 def _async_transaction(transaction: Transaction) -> AbstractAsyncContextManager[Any]:

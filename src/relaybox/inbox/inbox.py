@@ -227,8 +227,16 @@ class Inbox:
         return self._step(channel.dialect, channel.style, "purge", params)
 
     def _step(self, dialect: str, style: ParamStyle, name: str, params: Sequence[Any]) -> _Step:
-        text, order = _text(dialect, self.table, style, name)
-        return text, in_order(params, order)
+        return statement(dialect, self.table, style, name, params)
+
+
+def statement(
+    dialect: str, table: str, style: ParamStyle, name: str, params: Sequence[Any]
+) -> _Step:
+    """The named inbox query of `dialect` for `table`, with `params` in the order that
+    its text for `style` takes them."""
+    text, order = _text(dialect, table, style, name)
+    return text, in_order(params, order)
 
 
 @functools.lru_cache(maxsize=256)

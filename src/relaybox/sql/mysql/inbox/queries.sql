@@ -28,3 +28,76 @@ WHERE consumer = %s AND source = %s AND lane = %s AND sequence < %s;
 DELETE FROM {table}
 WHERE consumer = %s AND processed_at < CURRENT_TIMESTAMP(6) - INTERVAL %s SECOND
 ORDER BY processed_at LIMIT %s;
+
+-- Parked messages (see the schema). Each statement that moves a row from one status to
+-- another names the status it expects: its row count says whether it did.
+
+-- name: park
+-- consumer, message id, source, type, topic, key, content type, attributes, headers,
+-- payload, reason, error, attempts.
+INSERT INTO {table}_parked (consumer, message_id, source, type, topic, message_key,
+    content_type, attributes, headers, payload, reason, error, attempts, parked_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6));
+
+-- name: count_attempt
+-- consumer, message id, error, error again (NULL: an attempt begun, its outcome not
+-- known yet). Not VALUES(): MySQL 8 warns that it is deprecated.
+INSERT INTO {table}_attempts (consumer, message_id, attempts, last_error)
+VALUES (%s, %s, 1, %s)
+ON DUPLICATE KEY UPDATE attempts = attempts + 1, last_error = COALESCE(%s, last_error),
+    updated_at = CURRENT_TIMESTAMP(6);
+
+-- name: attempts
+-- consumer, message id.
+SELECT attempts, last_error FROM {table}_attempts WHERE consumer = %s AND message_id = %s;
+
+-- name: forget_attempts
+-- consumer, message id.
+DELETE FROM {table}_attempts WHERE consumer = %s AND message_id = %s;
+
+-- name: purge_attempts
+-- consumer, seconds of retention, batch size.
+DELETE FROM {table}_attempts
+WHERE consumer = %s AND updated_at < CURRENT_TIMESTAMP(6) - INTERVAL %s SECOND
+ORDER BY updated_at LIMIT %s;
+
+-- name: parked
+-- id.
+SELECT id, consumer, message_id, source, type, topic, message_key, content_type, attributes,
+       headers, payload, reason, error, attempts, parked_at, status, changed_at, changed_by,
+       note
+FROM {table}_parked WHERE id = %s;
+
+-- name: requested
+-- consumer, batch size: the messages whose replay was asked for, oldest first.
+SELECT id, consumer, message_id, source, type, topic, message_key, content_type, attributes,
+       headers, payload, reason, error, attempts, parked_at, status, changed_at, changed_by,
+       note
+FROM {table}_parked WHERE consumer = %s AND status = 'replay' ORDER BY id LIMIT %s;
+
+-- name: listing
+-- status, consumer (NULL: any), type (NULL: any), before id (NULL: from the newest),
+-- limit: newest first.
+SELECT id, consumer, message_id, source, type, topic, message_key, content_type, attributes,
+       headers, payload, reason, error, attempts, parked_at, status, changed_at, changed_by,
+       note
+FROM {table}_parked
+WHERE status = %s AND consumer = COALESCE(%s, consumer) AND type = COALESCE(%s, type)
+  AND id < COALESCE(%s, id + 1)
+ORDER BY id DESC LIMIT %s;
+
+-- name: resolve
+-- new status ('replay' or 'discarded'), by whom, note, id: only a parked message.
+UPDATE {table}_parked SET status = %s, changed_at = UTC_TIMESTAMP(6), changed_by = %s, note = %s
+WHERE id = %s AND status = 'parked';
+
+-- name: claim_replay
+-- id: the replay's check, in the transaction of its effects, as the inbox's is.
+UPDATE {table}_parked SET status = 'replayed', changed_at = UTC_TIMESTAMP(6)
+WHERE id = %s AND status = 'replay';
+
+-- name: replay_failed
+-- reason, error, id: parked again, with one more attempt.
+UPDATE {table}_parked SET status = 'parked', reason = %s, error = %s,
+    attempts = attempts + 1, changed_at = UTC_TIMESTAMP(6)
+WHERE id = %s AND status = 'replay';

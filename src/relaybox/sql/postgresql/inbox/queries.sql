@@ -20,3 +20,78 @@ WHERE consumer = $1 AND message_id = ANY (ARRAY(
     SELECT message_id FROM {table}
     WHERE consumer = $1 AND processed_at < now() - $2 * interval '1 second'
     LIMIT $3));
+
+-- Parked messages (see the schema). Each statement that moves a row from one status to
+-- another names the status it expects: its row count says whether it did.
+
+-- name: park
+-- consumer, message id, source, type, topic, key, content type, attributes, headers,
+-- payload, reason, error, attempts.
+INSERT INTO {table}_parked (consumer, message_id, source, type, topic, message_key,
+    content_type, attributes, headers, payload, reason, error, attempts, parked_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, now());
+
+-- name: count_attempt
+-- consumer, message id, error (NULL: an attempt begun, its outcome not known yet).
+INSERT INTO {table}_attempts AS a (consumer, message_id, attempts, last_error)
+VALUES ($1, $2, 1, $3)
+ON CONFLICT (consumer, message_id)
+DO UPDATE SET attempts = a.attempts + 1, last_error = COALESCE(excluded.last_error, a.last_error),
+              updated_at = now();
+
+-- name: attempts
+-- consumer, message id.
+SELECT attempts, last_error FROM {table}_attempts WHERE consumer = $1 AND message_id = $2;
+
+-- name: forget_attempts
+-- consumer, message id.
+DELETE FROM {table}_attempts WHERE consumer = $1 AND message_id = $2;
+
+-- name: purge_attempts
+-- consumer, seconds of retention, batch size.
+DELETE FROM {table}_attempts
+WHERE consumer = $1 AND message_id = ANY (ARRAY(
+    SELECT message_id FROM {table}_attempts
+    WHERE consumer = $1 AND updated_at < now() - $2 * interval '1 second'
+    LIMIT $3));
+
+-- name: parked
+-- id.
+SELECT id, consumer, message_id, source, type, topic, message_key, content_type, attributes,
+       headers, payload, reason, error, attempts, parked_at, status, changed_at, changed_by,
+       note
+FROM {table}_parked WHERE id = $1;
+
+-- name: requested
+-- consumer, batch size: the messages whose replay was asked for, oldest first.
+SELECT id, consumer, message_id, source, type, topic, message_key, content_type, attributes,
+       headers, payload, reason, error, attempts, parked_at, status, changed_at, changed_by,
+       note
+FROM {table}_parked WHERE consumer = $1 AND status = 'replay' ORDER BY id LIMIT $2;
+
+-- name: listing
+-- status, consumer (NULL: any), type (NULL: any), before id (NULL: from the newest),
+-- limit: newest first.
+SELECT id, consumer, message_id, source, type, topic, message_key, content_type, attributes,
+       headers, payload, reason, error, attempts, parked_at, status, changed_at, changed_by,
+       note
+FROM {table}_parked
+WHERE status = $1 AND consumer = COALESCE($2, consumer) AND type = COALESCE($3, type)
+  AND id < COALESCE($4, id + 1)
+ORDER BY id DESC LIMIT $5;
+
+-- name: resolve
+-- new status ('replay' or 'discarded'), by whom, note, id: only a parked message.
+UPDATE {table}_parked SET status = $1, changed_at = now(), changed_by = $2, note = $3
+WHERE id = $4 AND status = 'parked';
+
+-- name: claim_replay
+-- id: the replay's check, in the transaction of its effects, as the inbox's is.
+UPDATE {table}_parked SET status = 'replayed', changed_at = now()
+WHERE id = $1 AND status = 'replay';
+
+-- name: replay_failed
+-- reason, error, id: parked again, with one more attempt.
+UPDATE {table}_parked SET status = 'parked', reason = $1, error = $2,
+    attempts = attempts + 1, changed_at = now()
+WHERE id = $3 AND status = 'replay';

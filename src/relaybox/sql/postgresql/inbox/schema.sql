@@ -22,3 +22,44 @@ CREATE TABLE IF NOT EXISTS {table}_watermarks (
     updated_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (consumer, source, lane)
 );
+
+-- Parked messages: those a consumer gave up on (a handler that failed on every attempt,
+-- a payload that does not validate, a type with no handler), kept whole with why. The
+-- inbox records the message in the same transaction, so a copy that comes again is a
+-- duplicate: a parked message is applied only when an operator asks for it (status
+-- 'replay'), once, by a consumer of this name (status 'replayed'); or it is
+-- 'discarded'. attributes and headers are JSON objects; payload the bytes received.
+CREATE TABLE IF NOT EXISTS {table}_parked (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    consumer     text NOT NULL,
+    message_id   text NOT NULL,
+    source       text NOT NULL,
+    type         text NOT NULL,
+    topic        text NOT NULL,
+    message_key  text,
+    content_type text,
+    attributes   text NOT NULL,
+    headers      text NOT NULL,
+    payload      bytea NOT NULL,
+    reason       text NOT NULL,
+    error        text NOT NULL,
+    attempts     integer NOT NULL,
+    parked_at    timestamptz NOT NULL DEFAULT now(),
+    status       text NOT NULL DEFAULT 'parked',
+    changed_at   timestamptz,
+    changed_by   text,
+    note         text
+);
+CREATE INDEX IF NOT EXISTS {prefix}_parked_ix ON {table}_parked (consumer, status, id);
+
+-- Attempts counted here where the broker counts no deliveries (Kafka, MQTT, webhooks,
+-- a classic RabbitMQ queue's redeliveries): one row per message that failed, or that
+-- came again without a count, until it is parked or the retention purges it.
+CREATE TABLE IF NOT EXISTS {table}_attempts (
+    consumer   text NOT NULL,
+    message_id text NOT NULL,
+    attempts   integer NOT NULL,
+    last_error text,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer, message_id)
+);

@@ -23,3 +23,79 @@ WHERE consumer = ? AND message_id IN (
     WHERE consumer = ?
       AND processed_at < strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.3f seconds', ?))
     LIMIT ?);
+
+-- Parked messages (see the schema). Each statement that moves a row from one status to
+-- another names the status it expects: its row count says whether it did.
+
+-- name: park
+-- consumer, message id, source, type, topic, key, content type, attributes, headers,
+-- payload, reason, error, attempts.
+INSERT INTO {table}_parked (consumer, message_id, source, type, topic, message_key,
+    content_type, attributes, headers, payload, reason, error, attempts, parked_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'));
+
+-- name: count_attempt
+-- consumer, message id, error (NULL: an attempt begun, its outcome not known yet).
+INSERT INTO {table}_attempts (consumer, message_id, attempts, last_error)
+VALUES (?, ?, 1, ?)
+ON CONFLICT (consumer, message_id)
+DO UPDATE SET attempts = attempts + 1, last_error = COALESCE(excluded.last_error, last_error),
+              updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now');
+
+-- name: attempts
+-- consumer, message id.
+SELECT attempts, last_error FROM {table}_attempts WHERE consumer = ? AND message_id = ?;
+
+-- name: forget_attempts
+-- consumer, message id.
+DELETE FROM {table}_attempts WHERE consumer = ? AND message_id = ?;
+
+-- name: purge_attempts
+-- consumer, seconds of retention, batch size.
+DELETE FROM {table}_attempts
+WHERE consumer = ? AND message_id IN (
+    SELECT message_id FROM {table}_attempts
+    WHERE consumer = ?
+      AND updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.3f seconds', ?))
+    LIMIT ?);
+
+-- name: parked
+-- id.
+SELECT id, consumer, message_id, source, type, topic, message_key, content_type, attributes,
+       headers, payload, reason, error, attempts, parked_at, status, changed_at, changed_by,
+       note
+FROM {table}_parked WHERE id = ?;
+
+-- name: requested
+-- consumer, batch size: the messages whose replay was asked for, oldest first.
+SELECT id, consumer, message_id, source, type, topic, message_key, content_type, attributes,
+       headers, payload, reason, error, attempts, parked_at, status, changed_at, changed_by,
+       note
+FROM {table}_parked WHERE consumer = ? AND status = 'replay' ORDER BY id LIMIT ?;
+
+-- name: listing
+-- status, consumer (NULL: any), type (NULL: any), before id (NULL: from the newest),
+-- limit: newest first.
+SELECT id, consumer, message_id, source, type, topic, message_key, content_type, attributes,
+       headers, payload, reason, error, attempts, parked_at, status, changed_at, changed_by,
+       note
+FROM {table}_parked
+WHERE status = ? AND consumer = COALESCE(?, consumer) AND type = COALESCE(?, type)
+  AND id < COALESCE(?, id + 1)
+ORDER BY id DESC LIMIT ?;
+
+-- name: resolve
+-- new status ('replay' or 'discarded'), by whom, note, id: only a parked message.
+UPDATE {table}_parked SET status = ?, changed_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), changed_by = ?, note = ?
+WHERE id = ? AND status = 'parked';
+
+-- name: claim_replay
+-- id: the replay's check, in the transaction of its effects, as the inbox's is.
+UPDATE {table}_parked SET status = 'replayed', changed_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHERE id = ? AND status = 'replay';
+
+-- name: replay_failed
+-- reason, error, id: parked again, with one more attempt.
+UPDATE {table}_parked SET status = 'parked', reason = ?, error = ?,
+    attempts = attempts + 1, changed_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
+WHERE id = ? AND status = 'replay';

@@ -21,3 +21,37 @@ CREATE TABLE IF NOT EXISTS {table}_watermarks (
     -- (a prefix would make two long keys one).
     PRIMARY KEY (consumer, source, lane)
 ) ENGINE = InnoDB;
+
+-- Parked messages and counted attempts (the PostgreSQL schema explains them). Times are
+-- UTC, set by the queries (UTC_TIMESTAMP: a DATETIME default can only be local time).
+CREATE TABLE IF NOT EXISTS {table}_parked (
+    id           BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    consumer     VARCHAR(100) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    message_id   VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    source       VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    type         VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    topic        VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    message_key  VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+    content_type VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+    attributes   MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    headers      MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    payload      LONGBLOB NOT NULL,
+    reason       VARCHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    error        TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    attempts     INT NOT NULL,
+    parked_at    DATETIME(6) NOT NULL,
+    status       VARCHAR(16) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL DEFAULT 'parked',
+    changed_at   DATETIME(6),
+    changed_by   VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+    note         TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+    KEY {prefix}_parked_ix (consumer, status, id)
+) ENGINE = InnoDB;
+
+CREATE TABLE IF NOT EXISTS {table}_attempts (
+    consumer   VARCHAR(100) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    message_id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    attempts   INT NOT NULL,
+    last_error TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+    updated_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    PRIMARY KEY (consumer, message_id)
+) ENGINE = InnoDB;

@@ -15,3 +15,36 @@ CREATE TABLE IF NOT EXISTS {table}_watermarks (
     updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
     PRIMARY KEY (consumer, source, lane)
 ) WITHOUT ROWID;
+
+-- Parked messages and counted attempts (the PostgreSQL schema explains them).
+CREATE TABLE IF NOT EXISTS {table}_parked (
+    id           INTEGER PRIMARY KEY,
+    consumer     TEXT NOT NULL,
+    message_id   TEXT NOT NULL,
+    source       TEXT NOT NULL,
+    type         TEXT NOT NULL,
+    topic        TEXT NOT NULL,
+    message_key  TEXT,
+    content_type TEXT,
+    attributes   TEXT NOT NULL,
+    headers      TEXT NOT NULL,
+    payload      BLOB NOT NULL,
+    reason       TEXT NOT NULL,
+    error        TEXT NOT NULL,
+    attempts     INTEGER NOT NULL,
+    parked_at    TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+    status       TEXT NOT NULL DEFAULT 'parked',
+    changed_at   TEXT,
+    changed_by   TEXT,
+    note         TEXT
+);
+CREATE INDEX IF NOT EXISTS {prefix}_parked_ix ON {table}_parked (consumer, status, id);
+
+CREATE TABLE IF NOT EXISTS {table}_attempts (
+    consumer   TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    attempts   INTEGER NOT NULL,
+    last_error TEXT,
+    updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+    PRIMARY KEY (consumer, message_id)
+) WITHOUT ROWID;
