@@ -11,7 +11,7 @@ from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError
 
 
-def test_defaults_follow_seed_000() -> None:
+def test_the_default_retry_waits_a_minute_then_doubles() -> None:
     policy = RetryPolicy()
     assert [policy.nominal_delay(n) for n in (1, 2, 3)] == [60.0, 120.0, 240.0]
     assert policy.jitter == 0.25
