@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from relaybox.core.records import StoredMessage
+from relaybox.errors import BrokerUnavailableError
 from relaybox.publishers.memory import MemoryPublisher
 from relaybox.relay import Relay
 from tests.relay_support import (
@@ -116,3 +117,24 @@ async def test_rows_of_a_target_no_live_relay_serves_are_reported(
             await eventually(lambda: alone.processors[0].unserved == {})
             assert not [p for p in alone.readiness() if "no live relay" in p]
     assert len(default.published) == 1
+
+
+class _Unreachable(MemoryPublisher):
+    """A broker the relay cannot reach (yet)."""
+
+    async def start(self) -> None:
+        raise BrokerUnavailableError("cannot connect to the test's broker: refused")
+
+
+async def test_a_relay_that_has_not_reached_a_target_s_broker_holds_none_of_its_rows(
+    db: OutboxDB,
+) -> None:
+    """Its partitions of that target go to the relays that reached the broker."""
+    keys = [f"k{i}" for i in range(24)]
+    await db.write(messages(keys, per_key=3, targets="default"))
+    reached = MemoryPublisher()
+    async with relay(db, {"default": _Unreachable()}) as cut_off:
+        async with relay(db, {"default": reached}):
+            await eventually(lambda: len(reached.published) >= 72)
+        assert (cut_off.processors[0].partitions or {}).get("default", frozenset()) == set()
+    assert in_key_order(reached.published, per_key=3)

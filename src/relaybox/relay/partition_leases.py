@@ -185,7 +185,10 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
             self._between_heartbeats.clear()
             try:
                 for target in self._targets:
-                    await self._heartbeat(target, begun)
+                    # A target whose broker the relay has not reached yet is left to the
+                    # relays that have: it joins that target's share once connected.
+                    if not self._circuits[target].held:
+                        await self._heartbeat(target, begun)
             finally:
                 self._between_heartbeats.set()
             await self._sleep(settings.heartbeat_interval)
@@ -264,8 +267,9 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         }
         if unserved and self.served:  # (no heartbeat yet: nothing known of the others)
             logger.warning(
-                "rows wait for targets that no live relay of table %s serves: %s; start "
-                "a relay with --broker NAME=URL for each", self._db.housekeeping.table,
+                "rows wait for targets that no live relay of table %s serves (or has "
+                "reached): %s; start a relay with --broker NAME=URL for each",
+                self._db.housekeeping.table,
                 ", ".join(f"{t} ({n} rows)" for t, n in unserved.items()),
                 extra={"action": "unserved_targets", "targets": unserved},
             )  # fmt: skip
