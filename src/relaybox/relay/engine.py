@@ -398,7 +398,10 @@ class Relay:
         now = time.monotonic()
         problems = [each.describe(now) for each in self.unreachable.values()]
         lease = self.settings.partition_lease_seconds
-        for processor in self.processors if self.settings.partition_leases else ():
+        # A relay that has reached none of its brokers yet holds no partition (the
+        # reasons above say why), so it has no heartbeat to miss.
+        reached = any(not circuit.held for circuit in self.circuits.values())
+        for processor in self.processors if self.settings.partition_leases and reached else ():
             if processor.heartbeat_at is None:
                 problems.append(f"{processor.name}: no partition heartbeat has succeeded yet")
             elif now - processor.heartbeat_at > lease:
