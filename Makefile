@@ -27,8 +27,10 @@ imports: install
 
 check: lint types imports
 
+# Three workers, each file's tests in one of them: the tests mostly wait on services and
+# processes, and each makes its own tables, streams, ports and servers.
 test: check
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadfile
 
 demo: install
 	$(BIN)/relaybox demo

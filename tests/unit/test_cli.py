@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,10 +98,13 @@ def test_demo_can_use_another_broker(tmp_path: Path) -> None:
 
 
 def _nats_servers() -> set[int]:
+    """The nats-server processes this test process started (other tests, running at
+    the same time in other processes, start their own)."""
     found = set()
-    for status in Path("/proc").glob("[0-9]*/comm"):
-        with contextlib.suppress(OSError):
-            if status.read_text().strip() == "nats-server":
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            name, _, rest = status.read_text().rpartition(")")  # "pid (comm) state ppid ..."
+            if name.endswith("(nats-server") and int(rest.split()[1]) == os.getpid():
                 found.add(int(status.parent.name))
     return found
 
