@@ -131,15 +131,13 @@ class _PsycopgSession(Session):
         return not (self.raw.closed or self.raw.broken)
 
 
-class ChaosPostgres(ChaosDatabase):
-    name = "PostgreSQL"
-    errors = (psycopg.Error,)
-    id_text = "id::text"
-    finished_suffix = "_done"
+class _ServerDatabase(ChaosDatabase):
+    """A database served by a throwaway server of the test's own, reached by relays
+    through their proxies."""
 
-    def __init__(self) -> None:
-        self.server_process = ThrowawayPostgres()
-        self.port = self.server_process.port
+    def __init__(self, server: ThrowawayPostgres | ThrowawayMariaDB) -> None:
+        self.server_process = server
+        self.port = server.port
 
     @property
     def url(self) -> str:
@@ -157,6 +155,16 @@ class ChaosPostgres(ChaosDatabase):
 
     def destroy(self) -> None:
         self.server_process.destroy()
+
+
+class ChaosPostgres(_ServerDatabase):
+    name = "PostgreSQL"
+    errors = (psycopg.Error,)
+    id_text = "id::text"
+    finished_suffix = "_done"
+
+    def __init__(self) -> None:
+        super().__init__(ThrowawayPostgres())
 
     async def connect(self) -> Session:
         return _PsycopgSession(await psycopg.AsyncConnection.connect(self.url, connect_timeout=2))
@@ -194,31 +202,13 @@ class _AiomysqlSession(Session):
         return not self.raw.closed
 
 
-class ChaosMariaDB(ChaosDatabase):
+class ChaosMariaDB(_ServerDatabase):
     name = "MariaDB"
     # aiomysql raises PyMySQL's errors; a connection lost mid-read is an OSError.
     errors = (pymysql.Error, OSError, TimeoutError)
 
     def __init__(self) -> None:
-        self.server_process = ThrowawayMariaDB()
-        self.port = self.server_process.port
-
-    @property
-    def url(self) -> str:
-        return self.server_process.url
-
-    def relay_url(self, proxy_port: int | None) -> str:
-        assert proxy_port is not None
-        return self.server_process.url_via(proxy_port)
-
-    def start(self) -> None:
-        self.server_process.start()
-
-    def crash(self) -> None:
-        self.server_process.crash()
-
-    def destroy(self) -> None:
-        self.server_process.destroy()
+        super().__init__(ThrowawayMariaDB())
 
     async def connect(self) -> Session:
         raw = await aiomysql.connect(
