@@ -260,12 +260,13 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
     def _counted(self, stats: OutboxStats) -> None:
         """Rows of a target that no live relay of the table serves wait until one that
         does starts: say so, as nothing else would."""
-        unserved = {
+        served = self.served  # empty until a heartbeat: nothing known of the others
+        self.unserved = {
             target: count
             for target, count in sorted(stats.live_by_target.items())
-            if count and target not in self.served
+            if served and count and target not in served
         }
-        if unserved and self.served:  # (no heartbeat yet: nothing known of the others)
+        if unserved := self.unserved:
             logger.warning(
                 "rows wait for targets that no live relay of table %s serves (or has "
                 "reached): %s; start a relay with --broker NAME=URL for each",
@@ -273,7 +274,6 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
                 ", ".join(f"{t} ({n} rows)" for t, n in unserved.items()),
                 extra={"action": "unserved_targets", "targets": unserved},
             )  # fmt: skip
-        self.unserved = unserved if self.served else {}
 
 
 class _InFlightRows:
