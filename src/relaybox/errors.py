@@ -18,6 +18,7 @@
     |   +-- SchemaError               tables missing or newer than this relaybox
     +-- MigrationError
     +-- EnvelopeError                 a received message cannot be decoded; never retry it
+    +-- SignatureError                a webhook request's signature is missing or wrong
     +-- InboxError                    the inbox cannot check a message as configured
     +-- BrokerError                   a broker could not be reached or refused a request
         +-- BrokerUnavailableError    cannot connect or authenticate; check the broker URL
@@ -104,6 +105,11 @@ class MigrationError(RelayboxError):
 
 class EnvelopeError(RelayboxError):
     """The received message is not a readable relaybox (CloudEvents) envelope."""
+
+
+class SignatureError(RelayboxError):
+    """The webhook request carries no valid signature: none, a malformed one, one made
+    too long ago, or one that does not match the request; it is refused unprocessed."""
 
 
 class InboxError(RelayboxError):

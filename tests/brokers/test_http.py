@@ -19,10 +19,17 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from relaybox.consumers.http import decode_request
+from relaybox.core import envelope
 from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
-from relaybox.errors import BrokerUnavailableError, ConfigurationError, EnvelopeError
+from relaybox.errors import (
+    BrokerUnavailableError,
+    ConfigurationError,
+    EnvelopeError,
+    SignatureError,
+)
 from relaybox.publishers import http, open_publisher
+from relaybox.publishers.webhook_signature import SIGNATURE_HEADER, verify_signature
 from tests.brokers.conformance import PublisherConformance, outcomes, started
 from tests.brokers.harness import Received, RestartableHarness, free_port, stored, unique_topic
 
@@ -216,27 +223,28 @@ async def _publish_to(
 
 async def test_signs_every_request_so_the_receiver_can_verify_it() -> None:
     topic = unique_topic()
-    got, _, harness = await _publish_to(default_response, [stored(topic)], secret="s3cret")
+    message = stored(topic, headers={"x-app": "shop"})
+    got, _, harness = await _publish_to(default_response, [message], secret="s3cret")
     assert got == [Outcome.ACKED]
     (request,) = harness.server.accepted
-    header = request.headers[http.SIGNATURE_HEADER.lower()]
-    assert http.verify_signature("s3cret", header, request.body)
-    assert not http.verify_signature("wrong", header, request.body)
-    assert not http.verify_signature("s3cret", header, request.body + b" ")
-    assert not http.verify_signature("s3cret", header, request.body, now=time.time() + 301)
-    assert not http.verify_signature("s3cret", "v1=abc", request.body)
-
-
-def test_a_signature_is_stripe_style() -> None:
-    header = http.sign("k", b"{}", timestamp=1700000000)
-    assert header.startswith("t=1700000000,v1=")
-    assert http.verify_signature("k", header, b"{}", now=1700000100)
-    assert not http.verify_signature("k", header, b"{}", now=1700000400)
+    headers, body = request.headers, request.body
+    signed = verify_signature("s3cret", headers, body)
+    attributes = {f"ce-{name}" for name in envelope.attributes(message)}
+    assert signed == attributes | {"content-type", "relaybox-topic", "x-app"}
+    for wrong in (
+        lambda: verify_signature("wrong", headers, body),
+        lambda: verify_signature("s3cret", headers, body + b" "),
+        lambda: verify_signature("s3cret", headers, body, now=time.time() + 301),
+        lambda: verify_signature("s3cret", {**headers, "ce-type": "other"}, body),
+        lambda: verify_signature("s3cret", {**headers, "relaybox-signature": "v1=abc"}, body),
+    ):
+        with pytest.raises(SignatureError):
+            wrong()
 
 
 async def test_unsigned_without_a_secret() -> None:
     _, _, harness = await _publish_to(default_response, [stored(unique_topic())])
-    assert http.SIGNATURE_HEADER.lower() not in harness.server.accepted[0].headers
+    assert SIGNATURE_HEADER.lower() not in harness.server.accepted[0].headers
 
 
 def _status_by_key(request: Request) -> Response:
@@ -332,7 +340,8 @@ def test_reads_its_options() -> None:
     url = "https://u:pw@hooks.example/in?secret=s&batch=yes&concurrency=4&timeout=2.5"
     publisher = open_publisher(url)
     assert isinstance(publisher, http.HttpPublisher)
-    assert publisher.url == "https://u:pw@hooks.example/in"
+    assert publisher.url == "https://hooks.example/in"  # the credentials go apart
+    assert publisher._auth is not None
     assert publisher._secret == "s"
     assert publisher._batch is True
     assert publisher._concurrency == 4
@@ -347,6 +356,8 @@ def test_reads_its_options() -> None:
         ("http://h/x?batch=maybe", "true or false"),
         ("http://h/x?token=1", "unknown http:// options: token"),
         ("http:///x", "has no host"),
+        ("http://h/x?secret=", "secret is empty"),
+        ("http://h/x?max_batch_events=0", "at least 1"),
     ],
 )
 def test_rejects_bad_urls(url: str, error: str) -> None:

@@ -29,10 +29,22 @@ no 2xx. So the verdicts are HTTP statuses, sent only after `Consumer.process` re
     REJECT  the request is no readable envelope (no id, bad JSON, a batch with one bad
             event): 400, which the publisher takes as a permanent failure. Nothing of
             such a batch is processed.
-With a `secret`, a request without a valid `Relaybox-Signature` (see
-`relaybox.publishers.http.verify_signature`: HMAC-SHA256 of the raw body, at most
-`tolerance` seconds old) is refused with 401 before anything is decoded. `HEAD` (the
-publisher's reachability check at start) answers 200; other methods but POST, 405.
+With a `secret`, a request is processed only if its `Relaybox-Signature` is valid
+(`relaybox.publishers.webhook_signature` defines it: an HMAC-SHA256 over a timestamp,
+the signed headers and the raw body, at most `tolerance` seconds old): anything else,
+or a request carrying a `ce-` attribute, a `Content-Type` or a `Relaybox-Topic` the
+signature does not cover, is refused with 401 before anything is decoded, and the
+handlers see only signed headers. `HEAD` (the publisher's reachability check at start)
+answers 200; other methods but POST, 405.
+
+Limits, each an option of `WebhookReceiver`: a body over `max_body_size` (2 MiB by
+default: a message at the writer's default limit of 1 MiB, also base64-encoded in a
+batch) is refused with 413, the ASGI adapter reading no further (nor at all when the
+request's `Content-Length` says so); a batch of more than `max_batch_events` (1000)
+events, or JSON nested too deeply to decode, is refused with 400. The publisher splits
+its batches by the same defaults (its `max_body_size` and `max_batch_events` options).
+So the receiver answers 4xx for whatever a request holds, and 5xx only when a handler
+or the inbox's database fails.
 
 If the receiver commits and the connection drops before the response reaches the
 publisher, the publisher sees a transient failure and sends the message again: the
@@ -60,13 +72,22 @@ from typing import Any
 from relaybox.consumers.base import DEFAULTS
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
-from relaybox.errors import ConfigurationError, EnvelopeError
+from relaybox.errors import ConfigurationError, EnvelopeError, SignatureError
 from relaybox.inbox.consumer import Consumer, Processed
 from relaybox.publishers.http import (
     BATCH_CONTENT_TYPE,
+    DEFAULT_MAX_BATCH_EVENTS,
+    DEFAULT_MAX_BODY_SIZE,
     PREFIX,
-    SIGNATURE_HEADER,
+    REFUSED_HEADERS,
     TOPIC_HEADER,
+)
+from relaybox.publishers.webhook_signature import (
+    DEFAULT_TOLERANCE,
+    SIGNATURE_HEADER,
+    Headers,
+    check_secret,
+    normalise_headers,
     verify_signature,
 )
 
@@ -74,33 +95,39 @@ logger = logging.getLogger(__name__)
 
 #: The structured mode's media type (one event as a JSON object).
 STRUCTURED_CONTENT_TYPE = "application/cloudevents+json"
-#: Requests larger than this are refused (413) by the ASGI adapter.
-DEFAULT_MAX_BODY_SIZE = 16 * 1024 * 1024
-
 #: Headers of the transport and of the binding, not the message's own.
-TRANSPORT_HEADERS = frozenset(
-    {
-        "accept", "accept-encoding", "authorization", "connection", "content-length",
-        "content-type", "expect", "host", "keep-alive", "proxy-authorization", "te",
-        "trailer", "transfer-encoding", "upgrade", "user-agent",
-        SIGNATURE_HEADER.lower(), TOPIC_HEADER.lower(),
-    }
-)  # fmt: skip
-
-Headers = Mapping[str, str] | Iterable[tuple[str | bytes, str | bytes]]
+TRANSPORT_HEADERS = REFUSED_HEADERS | {
+    "accept", "accept-encoding", "content-type", "proxy-authorization", "user-agent",
+    SIGNATURE_HEADER.lower(), TOPIC_HEADER.lower(),
+}  # fmt: skip
+#: Headers that steer how a request is decoded: a signature must cover each present.
+_DECISIVE_HEADERS = frozenset({"content-type", TOPIC_HEADER.lower()})
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
-def decode_request(headers: Headers, body: bytes, *, path: str = "") -> list[Incoming]:
+def decode_request(
+    headers: Headers, body: bytes, *, path: str = "", max_events: int | None = None
+) -> list[Incoming]:
     """The messages one webhook request carries, in order; raises `EnvelopeError` when
-    the request, or any event of a batch, is not a readable envelope.
+    the request, or any event of a batch, is not a readable envelope, or a batch holds
+    more than `max_events` events.
 
     `headers` is a mapping or (name, value) pairs, names in any case (str or bytes:
     ASGI's raw headers are fine); `body` the raw request body.
     """
-    received = _normalise(headers)
+    try:
+        return _decode(normalise_headers(headers), body, path, max_events)
+    except RecursionError:
+        raise EnvelopeError("the request's JSON is nested too deeply") from None
+    except UnicodeError as error:  # text UTF-8 cannot carry: a lone surrogate escaped
+        raise EnvelopeError(f"the request carries text that is not Unicode: {error}") from None
+
+
+def _decode(
+    received: dict[str, str], body: bytes, path: str, max_events: int | None
+) -> list[Incoming]:
     topic = urllib.parse.unquote(received.get(TOPIC_HEADER.lower(), "")) or path
     own = {
         name: value
@@ -113,6 +140,11 @@ def decode_request(headers: Headers, body: bytes, *, path: str = "") -> list[Inc
         events = _json(body)
         if not isinstance(events, list):
             raise EnvelopeError("a CloudEvents batch must be a JSON array of events")
+        if max_events is not None and len(events) > max_events:
+            raise EnvelopeError(
+                f"the batch holds {len(events)} events, over this receiver's limit of "
+                f"{max_events} (max_batch_events)"
+            )
         return [_structured(event, topic, own) for event in events]
     if media == STRUCTURED_CONTENT_TYPE:
         return [_structured(_json(body), topic, own)]
@@ -123,22 +155,6 @@ def decode_request(headers: Headers, body: bytes, *, path: str = "") -> list[Inc
             attributes, body, headers=own, content_type=content_type, topic=topic
         )
     ]
-
-
-def _normalise(headers: Headers) -> dict[str, str]:
-    """Lower-case names; repeated headers joined with ", " (as HTTP allows)."""
-    pairs = headers.items() if isinstance(headers, Mapping) else headers
-    found: dict[str, str] = {}
-    for raw_name, raw_value in pairs:
-        name = _text(raw_name).strip().lower()
-        value = _text(raw_value).strip()
-        found[name] = f"{found[name]}, {value}" if name in found else value
-    return found
-
-
-def _text(value: str | bytes) -> str:
-    # The publisher sends its headers as UTF-8 (attributes percent-encoded to ASCII).
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _json(body: bytes) -> Any:
@@ -196,10 +212,14 @@ class WebhookReceiver:
     ASGI 3 application (call the receiver itself) for Starlette, FastAPI, uvicorn...
 
     `secret` turns on signature checks (`Relaybox-Signature`, made with the same secret
-    as the publisher's `?secret=`), `tolerance` is the signature's maximum age in
-    seconds, `max_body_size` the largest body the ASGI adapter reads (413 beyond),
-    `max_attempts` the attempts at a message before it is parked. Under ASGI, the
-    lifespan runs `Consumer.maintain` (requested replays); elsewhere, run it yourself.
+    as the publisher's `?secret=`; never empty), `tolerance` is how many seconds a
+    signature's timestamp may be from this clock, `max_body_size` the largest body
+    taken (413 beyond; the ASGI adapter reads no further), `max_batch_events` the most
+    events in a batch (400 beyond), `max_attempts` the attempts at a message before it
+    is parked. With other frameworks, pass `handle` the raw header bytes where the
+    framework has them: a header value it decoded as Latin-1 no longer matches its
+    signature. Under ASGI, the lifespan runs `Consumer.maintain` (requested replays);
+    elsewhere, run it yourself.
     """
 
     def __init__(
@@ -207,20 +227,26 @@ class WebhookReceiver:
         consumer: Consumer,
         *,
         secret: str | None = None,
-        tolerance: float = 300.0,
+        tolerance: float = DEFAULT_TOLERANCE,
         max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+        max_batch_events: int = DEFAULT_MAX_BATCH_EVENTS,
         max_attempts: int = DEFAULTS.max_attempts,
     ) -> None:
-        if not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ConfigurationError(f"max_attempts={max_attempts!r}: must be at least 1")
-        if secret is not None and not secret:
-            raise ConfigurationError("secret must not be empty (None: requests are unsigned)")
+        for name, value in (("max_attempts", max_attempts), ("max_body_size", max_body_size),
+                            ("max_batch_events", max_batch_events)):  # fmt: skip
+            if not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{name}={value!r}: must be at least 1")
+        if not tolerance > 0:
+            raise ConfigurationError(f"tolerance={tolerance!r}: must be above zero")
+        check_secret(secret)
         self.consumer = consumer
         self.secret = secret
         self.tolerance = tolerance
         self.max_body_size = max_body_size
+        self.max_batch_events = max_batch_events
         self.max_attempts = max_attempts
-        #: Requests refused as unreadable (400) and for their signature (401).
+        #: Requests refused as unreadable or too large (400, 413), and for their
+        #: signature (401).
         self.rejected = 0
         self.unauthorized = 0
         #: Requests answered 500 because a handler raised (the publisher resends them).
@@ -235,23 +261,41 @@ class WebhookReceiver:
             return 200, b""
         if method != "POST":
             return _answer(405, error="webhooks are POSTed")
-        received = _normalise(headers)
+        if len(body) > self.max_body_size:
+            return self._too_large()
+        received = normalise_headers(headers)
         if self.secret is not None:
-            signature = received.get(SIGNATURE_HEADER.lower())
-            if signature is None or not verify_signature(
-                self.secret, signature, body, tolerance=self.tolerance
-            ):
+            try:
+                received = self._signed(self.secret, received, body)
+            except SignatureError as error:
                 self.unauthorized += 1
-                logger.warning("refused a webhook request with a missing or bad signature",
+                logger.warning("refused a webhook request: %s", error,
                                extra={"action": "webhook_unauthorized"})  # fmt: skip
-                return _answer(401, error="missing or invalid Relaybox-Signature")
+                return _answer(401, error=str(error))
         try:
-            messages = decode_request(received, body, path=path)
+            messages = decode_request(received, body, path=path, max_events=self.max_batch_events)
         except EnvelopeError as error:
             self.rejected += 1
             logger.error("rejected an unreadable webhook request: %s", error,
                          extra={"action": "envelope_rejected"})  # fmt: skip
             return _answer(400, error=str(error))
+        return await self._process(messages)
+
+    def _signed(self, secret: str, received: dict[str, str], body: bytes) -> dict[str, str]:
+        """The request's headers that its signature covers; raises `SignatureError`
+        when it has no valid one, or one that leaves out a header that decides how the
+        request is read."""
+        signed = verify_signature(secret, received, body, tolerance=self.tolerance)
+        unsigned = sorted(
+            name
+            for name in received
+            if name not in signed and (name.startswith(PREFIX) or name in _DECISIVE_HEADERS)
+        )
+        if unsigned:
+            raise SignatureError(f"the signature does not cover the headers {', '.join(unsigned)}")
+        return {name: value for name, value in received.items() if name in signed}
+
+    async def _process(self, messages: list[Incoming]) -> tuple[int, bytes]:
         applied = duplicates = parked = 0
         for message in messages:
             try:
@@ -272,6 +316,12 @@ class WebhookReceiver:
         return _answer(200, received=len(messages), applied=applied, duplicates=duplicates,
                        parked=parked)  # fmt: skip
 
+    def _too_large(self) -> tuple[int, bytes]:
+        self.rejected += 1
+        logger.error("refused a webhook request over max_body_size=%d bytes", self.max_body_size,
+                     extra={"action": "envelope_rejected"})  # fmt: skip
+        return _answer(413, error=f"request body over {self.max_body_size} bytes")
+
     # -- ASGI ---------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -281,6 +331,10 @@ class WebhookReceiver:
             return
         if scope["type"] != "http":
             raise RuntimeError(f"WebhookReceiver serves HTTP, not {scope['type']}")
+        headers = scope.get("headers", [])
+        if _declared_length(headers) > self.max_body_size:
+            await _respond(send, *self._too_large())  # refused before a byte is read
+            return
         body = bytearray()
         while True:
             event = await receive()
@@ -288,14 +342,22 @@ class WebhookReceiver:
                 return  # the client went away before sending it all: nothing to answer
             body += event.get("body", b"")
             if len(body) > self.max_body_size:
-                await _respond(send, *_answer(413, error="request body too large"))
+                await _respond(send, *self._too_large())
                 return
             if not event.get("more_body", False):
                 break
         status, answer = await self.handle(
-            scope["method"], scope.get("headers", []), bytes(body), path=scope.get("path", "")
+            scope["method"], headers, bytes(body), path=scope.get("path", "")
         )
         await _respond(send, status, answer)
+
+
+def _declared_length(headers: Iterable[tuple[bytes, bytes]]) -> int:
+    """The request's Content-Length, or 0 when it has none (chunked) or a bad one."""
+    for name, value in headers:
+        if name.lower() == b"content-length" and value.isdigit() and len(value) <= 18:
+            return int(value)
+    return 0
 
 
 async def _respond(send: Send, status: int, body: bytes) -> None:

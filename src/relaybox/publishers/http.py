@@ -5,46 +5,69 @@
 
 Options (read from the query string, which relaybox keeps for itself: a webhook URL
 cannot carry a query string of its own; put what the receiver needs in the path):
-    timeout=10       seconds for each request (connect, send, and wait for the response).
+    timeout=10       seconds for each request, all told (connect, send, and the
+                     response's status, headers and first bytes).
     concurrency=32   requests in flight at once (and the connection pool's size).
-    secret=          sign every request (see below); without it nothing is signed.
-    batch=false      true: one POST per topic per publish() call, carrying the call's
-                     messages as a CloudEvents JSON batch; the response applies to all.
+    secret=          sign every request (see below); without it nothing is signed. An
+                     empty `secret=` is refused.
+    batch=false      true: the messages of a publish() call go as CloudEvents JSON
+                     batches, one POST per topic (split by the next two options); the
+                     response applies to every message of its batch.
+    max_body_size=2097152   bytes a batch request may carry: further events of the
+                     topic go in another request (an event larger on its own goes
+                     alone). The receiver's default cap (`WebhookReceiver`).
+    max_batch_events=1000   events a batch request may carry (the receiver's default).
     source=          the CloudEvents `source` (default `relaybox`).
+`user:password@` in the URL is sent as Basic auth, and given to httpx apart from the
+URL, so that nothing httpx logs carries the password.
 
 A request follows the CloudEvents HTTP binding. One message per request (the default)
 is binary mode: the body is the payload, `Content-Type` its content type, the
 attributes are `ce-<name>` headers (values percent-encoded as the binding says), and
-the message's own headers travel under their own names (UTF-8). A batch request has
-`Content-Type: application/cloudevents-batch+json` and a JSON array of structured
-events, each with `data` (JSON content types) or `data_base64` (anything else).
+the message's own headers travel under their own names (UTF-8, leading and trailing
+blanks dropped). A batch request has `Content-Type: application/cloudevents-batch+json`
+and a JSON array of structured events, each with `data` (JSON content types) or
+`data_base64` (anything else); the messages' own headers do not travel in a batch.
 Every request names the message's topic in a `Relaybox-Topic` header, since
-CloudEvents has no topic attribute. `user:password@` in the URL is sent as Basic auth.
+CloudEvents has no topic attribute.
 
-Signing: with `secret`, each request carries
+A message header never replaces one the publisher sets (names compared in any case):
+one named like a present attribute (`ce-id`), `Content-Type`, `Accept`,
+`Accept-Encoding`, `User-Agent` or `Relaybox-*` is left out. A message carrying a
+header that steers the HTTP exchange itself, not the message (`REFUSED_HEADERS`:
+`Connection`, `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`,
+`HTTP2-Settings`, `Proxy-*`, `Content-Length`, `Content-Encoding`, `Host`, `Expect`)
+or credentials (`Authorization`, `Cookie`) fails permanently, in either mode; the
+others of its call go out as usual.
 
-    Relaybox-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, f"{t}." + body)>
+Signing: with `secret`, each request carries a `Relaybox-Signature` header, an
+HMAC-SHA256 over a timestamp, every header relaybox sets (the `ce-` attributes,
+`Relaybox-Topic`, `Content-Type`, the message's own headers) and the body.
+`relaybox.publishers.webhook_signature` defines the canonical form, for receivers in
+any language, and `verify_signature` checks it; `relaybox.consumers.http` is the
+receiving side.
 
-The receiver recomputes the HMAC over the timestamp, a dot and the raw body bytes, as
-received, compares in constant time, and refuses a timestamp older than a few minutes,
-so a captured request cannot be replayed later. `verify_signature` does all of that.
-
-Results: 2xx is a confirm. 408, 429, 5xx and network errors are transient (with any
-Retry-After in the error text); no response in time is transient without an attempt
-counted (the receiver may have taken it); every other status (3xx, 4xx) is permanent,
-its error naming the status and the start of the response body.
+Results, one per message: 2xx is a confirm. 408, 429, 5xx and network errors are
+transient (with any Retry-After in the error text); no response in time is transient
+without an attempt counted (the receiver may have taken it); every other status (3xx,
+4xx) is permanent, its error naming the status and the start of the response body (of
+which at most `RESPONSE_READ_LIMIT` bytes are read). A message that cannot be put into
+an HTTP request (a header h11 refuses, text UTF-8 cannot carry) fails permanently on
+its own; no error of one request fails another's message. No error text carries the
+URL's password or the secret.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
+import base64
+import contextlib
+import dataclasses
 import json
-import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+import h11
 import httpx
 
 from relaybox.core import envelope
@@ -61,18 +84,43 @@ from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_password
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
 from relaybox.publishers.options import BrokerUrl
+from relaybox.publishers.webhook_signature import SIGNATURE_HEADER, check_secret, sign
 
 #: The CloudEvents HTTP binding names attribute headers `ce-<name>`.
 PREFIX = "ce-"
-SIGNATURE_HEADER = "Relaybox-Signature"
 TOPIC_HEADER = "Relaybox-Topic"
 BATCH_CONTENT_TYPE = "application/cloudevents-batch+json"
+#: The largest request body a receiver takes by default, and a batch request's limit.
+DEFAULT_MAX_BODY_SIZE = 2 * 1024 * 1024
+#: The most events in one batch request, on both sides, by default.
+DEFAULT_MAX_BATCH_EVENTS = 1000
+#: Bytes of a response body read at most (for the error text); the rest is not read.
+RESPONSE_READ_LIMIT = 4096
+#: Message headers that would steer the HTTP exchange rather than travel with the
+#: message: hop-by-hop headers, the request's framing and routing, and credentials
+#: (besides every `proxy-*` name). A message carrying one is refused.
+REFUSED_HEADERS = frozenset(
+    {
+        "connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade",
+        "http2-settings", "content-length", "content-encoding", "host", "expect",
+        "authorization", "cookie",
+    }
+)  # fmt: skip
+_REFUSED_PREFIX = "proxy-"
 #: Statuses that say "later": request timeout, too many requests (and every 5xx).
 _TRANSIENT_STATUSES = frozenset({408, 429})
-#: Headers this module sets itself, which a message header must not replace.
-_OWN_HEADERS = frozenset({"content-type", SIGNATURE_HEADER.lower(), TOPIC_HEADER.lower()})
+#: The client's own headers, besides those refused above; the body is read as is.
+_CLIENT_HEADERS = {"Accept": "*/*", "Accept-Encoding": "identity"}
+#: Headers this module or its client sets, which a message header must not replace.
+_OWN_HEADERS = frozenset(
+    {"content-type", "user-agent", *(name.lower() for name in _CLIENT_HEADERS)}
+)
+_RESERVED_PREFIX = "relaybox-"
 #: Printable ASCII but space, '"' and '%': what the binding lets through unencoded.
 _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '"%')
+_BLANKS = " \t"
+
+Header = tuple[bytes, bytes]
 
 
 def from_url(url: BrokerUrl) -> HttpPublisher:
@@ -82,35 +130,10 @@ def from_url(url: BrokerUrl) -> HttpPublisher:
         batch=url.flag("batch", False),
         concurrency=url.number("concurrency", 32, minimum=1),
         timeout=url.number("timeout", 10.0, minimum=0.01),
+        max_body_size=url.number("max_body_size", DEFAULT_MAX_BODY_SIZE, minimum=1),
+        max_batch_events=url.number("max_batch_events", DEFAULT_MAX_BATCH_EVENTS, minimum=1),
         source=url.source,
     )
-
-
-def sign(secret: str, body: bytes, timestamp: int | None = None) -> str:
-    """The `Relaybox-Signature` header value for `body`."""
-    t = int(time.time()) if timestamp is None else timestamp
-    return f"t={t},v1={_hmac(secret, t, body)}"
-
-
-def verify_signature(
-    secret: str, header: str, body: bytes, tolerance: float = 300, now: float | None = None
-) -> bool:
-    """Whether `header` (a `Relaybox-Signature` value) signs `body` with `secret` and was
-    made within `tolerance` seconds of `now`. For receivers; pass the raw body bytes."""
-    fields = [part.partition("=") for part in header.split(",")]
-    timestamps = [value for name, _, value in fields if name.strip() == "t"]
-    signatures = [value.strip() for name, _, value in fields if name.strip() == "v1"]
-    if len(timestamps) != 1 or not timestamps[0].strip().isdigit() or not signatures:
-        return False
-    t = int(timestamps[0])
-    if abs((time.time() if now is None else now) - t) > tolerance:
-        return False
-    expected = _hmac(secret, t, body)
-    return any(hmac.compare_digest(expected, signature) for signature in signatures)
-
-
-def _hmac(secret: str, timestamp: int, body: bytes) -> str:
-    return hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
 
 
 class HttpPublisher:
@@ -124,20 +147,34 @@ class HttpPublisher:
         batch: bool = False,
         concurrency: int = 32,
         timeout: float = 10.0,
+        max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+        max_batch_events: int = DEFAULT_MAX_BATCH_EVENTS,
         source: str = envelope.DEFAULT_SOURCE,
     ) -> None:
+        display = mask_password(url)
+        check_secret(secret)
         try:
             parsed = httpx.URL(url)
         except httpx.InvalidURL as error:
-            raise ConfigurationError(f"bad webhook URL {mask_password(url)!r}: {error}") from None
+            raise ConfigurationError(f"bad webhook URL {display!r}: {error}") from None
         if not parsed.host:
-            raise ConfigurationError(f"webhook URL {mask_password(url)!r} has no host")
-        self.url = url
-        self._display = mask_password(url)
+            raise ConfigurationError(f"webhook URL {display!r} has no host")
+        if parsed.query or parsed.fragment:
+            raise ConfigurationError(
+                f"webhook URL {display!r} has a query string or fragment: relaybox reads "
+                "the query as its options; put what the receiver needs in the path"
+            )
+        #: The URL httpx is given: no user or password, which go as `auth`.
+        self.url = str(parsed.copy_with(userinfo=b""))
+        self._auth = _basic_auth(parsed)
+        self._hidden = _secrets(parsed, secret)
+        self._display = display
         self._secret = secret
         self._batch = batch
         self._concurrency = concurrency
         self._timeout = timeout
+        self._max_body_size = max_body_size
+        self._max_batch_events = max_batch_events
         self._source = source
         self._slots = asyncio.Semaphore(concurrency)
         self._client: httpx.AsyncClient | None = None
@@ -146,13 +183,16 @@ class HttpPublisher:
         limits = httpx.Limits(
             max_connections=self._concurrency, max_keepalive_connections=self._concurrency
         )
-        self._client = httpx.AsyncClient(timeout=self._timeout, limits=limits, http2=False)
+        self._client = httpx.AsyncClient(
+            timeout=self._timeout, limits=limits, http2=False, auth=self._auth,
+            headers=_CLIENT_HEADERS,
+        )  # fmt: skip
         try:  # any response at all says a server listens; HEAD has no side effects
             await self._client.head(self.url)
         except httpx.TransportError as error:
             await self.close()
             raise BrokerUnavailableError(
-                f"cannot reach the webhook {self._display}: {_describe(error)}"
+                f"cannot reach the webhook {self._display}: {self._redact(_describe(error))}"
             ) from error
 
     async def close(self) -> None:
@@ -165,78 +205,204 @@ class HttpPublisher:
             raise ConfigurationError("HttpPublisher.publish called before start()")
         if not self._batch:
             return list(await asyncio.gather(*(self._post_one(m) for m in messages)))
-        by_topic: dict[str, list[int]] = {}
-        for index, message in enumerate(messages):
-            by_topic.setdefault(message.topic, []).append(index)
-        groups = list(by_topic.values())
-        answers = await asyncio.gather(
-            *(self._post_batch([messages[i] for i in group]) for group in groups)
-        )
+        return await self._post_batches(messages)
+
+    async def _post_one(self, message: StoredMessage) -> PublishResult:
+        refusal = _refusal(message)
+        if refusal is not None:
+            return refusal
+        try:
+            headers = [(b"Content-Type", message.content_type.encode())]
+            headers += _binary_headers(message, self._source)
+        except ValueError as error:  # text UTF-8 cannot carry (a lone surrogate)
+            return permanent(f"message cannot be sent as an HTTP request: {error}")
+        return await self._post(message.topic, message.payload, headers)
+
+    async def _post_batches(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
+        """Each message's event encoded on its own, so that one which cannot be fails
+        alone; the rest go in batches per topic, each answer applying to its batch."""
         results: list[PublishResult] = [ACKED] * len(messages)
-        for group, answer in zip(groups, answers, strict=True):
-            for index in group:
+        by_topic: dict[str, list[tuple[int, bytes]]] = {}
+        for index, message in enumerate(messages):
+            refusal = _refusal(message)
+            if refusal is None:
+                try:
+                    event = _event(message, self._source)
+                except (ValueError, RecursionError) as error:
+                    refusal = permanent(f"message cannot be encoded as a CloudEvent: {error}")
+                else:
+                    by_topic.setdefault(message.topic, []).append((index, event))
+            if refusal is not None:
+                results[index] = refusal
+        batches = [
+            (topic, batch)
+            for topic, events in by_topic.items()
+            for batch in _batches(events, self._max_body_size, self._max_batch_events)
+        ]
+        answers = await asyncio.gather(*(self._post_batch(topic, b) for topic, b in batches))
+        for (_, batch), answer in zip(batches, answers, strict=True):
+            for index, _ in batch:
                 results[index] = answer
         return results
 
-    async def _post_one(self, message: StoredMessage) -> PublishResult:
-        headers = [(b"Content-Type", message.content_type.encode())]
-        headers += _binary_headers(message, self._source)
-        return await self._post(message.topic, message.payload, headers)
+    async def _post_batch(self, topic: str, events: list[tuple[int, bytes]]) -> PublishResult:
+        body = b"[" + b",".join(event for _, event in events) + b"]"
+        return await self._post(topic, body, [(b"Content-Type", BATCH_CONTENT_TYPE.encode())])
 
-    async def _post_batch(self, messages: Sequence[StoredMessage]) -> PublishResult:
-        events = [envelope.structured(m, self._source) for m in messages]
-        body = json.dumps(events, separators=(",", ":"), ensure_ascii=False).encode()
-        headers = [(b"Content-Type", BATCH_CONTENT_TYPE.encode())]
-        return await self._post(messages[0].topic, body, headers)
-
-    async def _post(
-        self, topic: str, body: bytes, headers: list[tuple[bytes, bytes]]
-    ) -> PublishResult:
+    async def _post(self, topic: str, body: bytes, headers: list[Header]) -> PublishResult:
+        """One request's outcome; nothing it raises reaches another message."""
         assert self._client is not None
-        headers.append((TOPIC_HEADER.encode(), _percent_encode(topic).encode()))
-        if self._secret is not None:
-            headers.append((SIGNATURE_HEADER.encode(), sign(self._secret, body).encode()))
+        try:
+            headers.append((TOPIC_HEADER.encode(), _percent_encode(topic).encode()))
+            if self._secret is not None:
+                headers.append(
+                    (SIGNATURE_HEADER.encode(), sign(self._secret, headers, body).encode())
+                )
+            request = self._client.build_request("POST", self.url, content=body, headers=headers)
+        except Exception as error:  # noqa: BLE001 - whatever it is, this message's alone
+            return permanent(self._redact(f"webhook request cannot be built: {_describe(error)}"))
         async with self._slots:
-            try:
-                response = await self._client.post(self.url, content=body, headers=headers)
-            except httpx.LocalProtocolError as error:  # a header h11 will not send
-                return permanent(f"webhook request refused by the HTTP client: {error}")
-            except (httpx.ConnectError, httpx.ConnectTimeout) as error:  # never sent
-                return unavailable(f"webhook unreachable: {_describe(error)}")
-            except httpx.TimeoutException:  # the receiver may have acted on it
-                return timed_out(f"webhook timed out after {self._timeout:g} s")
-            except httpx.TransportError as error:
-                return transient(f"webhook connection failed: {_describe(error)}")
-        return classify(response)
+            result = await self._exchange(request)
+        if result.error is None:
+            return result
+        return dataclasses.replace(result, error=self._redact(result.error))
+
+    async def _exchange(self, request: httpx.Request) -> PublishResult:
+        assert self._client is not None
+        deadline = asyncio.get_running_loop().time() + self._timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                response = await self._client.send(request, stream=True)
+        except Exception as error:  # noqa: BLE001 - whatever it is, it is this request's
+            return _failure(error, self._timeout)
+        try:
+            start = await _read_start(response, deadline)
+        finally:
+            with contextlib.suppress(httpx.HTTPError, OSError):
+                await response.aclose()
+        return classify(response, start)
+
+    def _redact(self, text: str) -> str:
+        for hidden in self._hidden:
+            text = text.replace(hidden, "***")
+        return text
 
 
-def classify(response: httpx.Response) -> PublishResult:
-    """What a webhook's response means for the message(s) it answers."""
+def _failure(error: Exception, timeout: float) -> PublishResult:
+    """What an exception from sending one request means for its message(s)."""
+    match error:
+        case httpx.LocalProtocolError() | h11.LocalProtocolError() | ValueError() | TypeError():
+            # the request cannot go on the wire as it is (a header h11 will not send)
+            result = permanent(f"webhook request refused by the HTTP client: {_describe(error)}")
+        case httpx.ConnectError() | httpx.ConnectTimeout():  # never sent
+            result = unavailable(f"webhook unreachable: {_describe(error)}")
+        case httpx.TimeoutException() | TimeoutError():  # the receiver may have acted on it
+            result = timed_out(f"webhook timed out after {timeout:g} s")
+        case httpx.TransportError():
+            result = transient(f"webhook connection failed: {_describe(error)}")
+        case _:  # a client library's surprise: worth another try
+            result = transient(f"webhook request failed: {type(error).__name__}: {error}")
+    return result
+
+
+def classify(response: httpx.Response, start: bytes = b"") -> PublishResult:
+    """What a webhook's response means for the message(s) it answers; `start` is the
+    start of its body, for the error text."""
     status = response.status_code
     if 200 <= status < 300:
         return ACKED
     error = f"webhook answered {status} {response.reason_phrase}"
-    excerpt = " ".join(response.text[:200].split())
-    if excerpt:
+    excerpt = " ".join(start.decode("utf-8", "replace")[:200].split())
+    if excerpt and response.headers.get("Content-Encoding", "identity") == "identity":
         error += f": {excerpt}"
     if status in _TRANSIENT_STATUSES or status >= 500:
-        retry_after = response.headers.get("Retry-After")
+        retry_after = response.headers.get("Retry-After", "")[:64]
         return transient(f"{error} (Retry-After: {retry_after})" if retry_after else error)
     return permanent(error)
 
 
-def _binary_headers(message: StoredMessage, source: str) -> list[tuple[bytes, bytes]]:
+async def _read_start(response: httpx.Response, deadline: float) -> bytes:
+    """Up to RESPONSE_READ_LIMIT bytes of the body, as sent, before the deadline: a
+    receiver that answers on and on costs nothing more. (A body read to its end leaves
+    the connection for the next request; closing one read in part drops it.)"""
+    start = bytearray()
+    with contextlib.suppress(TimeoutError, httpx.HTTPError):
+        async with asyncio.timeout_at(deadline):
+            async for chunk in response.aiter_raw():
+                start += chunk
+                if len(start) >= RESPONSE_READ_LIMIT:
+                    break
+    return bytes(start[:RESPONSE_READ_LIMIT])
+
+
+def _refusal(message: StoredMessage) -> PublishResult | None:
+    for name in message.headers:
+        lowered = name.lower()
+        if lowered in REFUSED_HEADERS or lowered.startswith(_REFUSED_PREFIX):
+            return permanent(
+                f"message header {name!r} is not sent to a webhook: it would steer the "
+                "HTTP request itself (its framing, connection or credentials), not travel "
+                "with the message; rename it"
+            )
+    return None
+
+
+def _binary_headers(message: StoredMessage, source: str) -> list[Header]:
     attributes = envelope.attributes(message, source)
     found = [
         (f"{PREFIX}{name}".encode(), _percent_encode(v).encode()) for name, v in attributes.items()
     ]
     taken = {f"{PREFIX}{name}" for name in attributes} | _OWN_HEADERS
     own = (
-        (name.encode(), value.encode())
+        (name.encode(), value.strip(_BLANKS).encode())
         for name, value in message.headers.items()
-        if name.lower() not in taken  # never let a header pose as an attribute
+        # never let a header pose as an attribute, the topic, or the client's own
+        if name.lower() not in taken and not name.lower().startswith(_RESERVED_PREFIX)
     )
     return found + list(own)
+
+
+def _event(message: StoredMessage, source: str) -> bytes:
+    event = envelope.structured(message, source)
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _batches(
+    events: list[tuple[int, bytes]], max_size: int, max_events: int
+) -> Iterator[list[tuple[int, bytes]]]:
+    """Consecutive runs of `events` whose JSON array stays within both limits."""
+    batch: list[tuple[int, bytes]] = []
+    size = 2  # the brackets
+    for item in events:
+        grown = size + len(item[1]) + (1 if batch else 0)
+        if batch and (grown > max_size or len(batch) >= max_events):
+            yield batch
+            batch, grown = [], 2 + len(item[1])
+        batch.append(item)
+        size = grown
+    if batch:
+        yield batch
+
+
+def _basic_auth(url: httpx.URL) -> httpx.BasicAuth | None:
+    if not url.userinfo:
+        return None
+    return httpx.BasicAuth(url.username, url.password)
+
+
+def _secrets(url: httpx.URL, secret: str | None) -> tuple[str, ...]:
+    """What no error text may show: the password, as written and as sent, and the
+    signing secret."""
+    found = [secret or ""]
+    if url.password:
+        credentials = f"{url.username}:{url.password}".encode()
+        found += [
+            url.password,
+            urllib.parse.quote(url.password, safe=""),
+            url.userinfo.decode("ascii", "replace").partition(":")[2],
+            base64.b64encode(credentials).decode("ascii"),
+        ]
+    return tuple(sorted({text for text in found if text}, key=len, reverse=True))
 
 
 def _percent_encode(value: str) -> str:
