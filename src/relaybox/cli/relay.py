@@ -173,7 +173,9 @@ def relay(
     read only when neither of its options is given."""
     for sig in (signal.SIGTERM, signal.SIGINT):  # until the event loop takes over
         signal.signal(sig, _remember_signal)
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logs := urls.MaskingFormatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=log_level.upper(), handlers=[handler])
     try:
         settings = RelaySettings(
             batch_size=batch_size, max_in_flight=max_in_flight, lease_seconds=lease_seconds,
@@ -193,10 +195,10 @@ def relay(
             databases = ()
         if broker_files and from_environment("brokers"):
             brokers = ()
-        engine = Relay(
-            urls.databases(databases, db_files), urls.brokers(brokers, broker_files),
-            table=table, settings=settings,
-        )  # fmt: skip
+        database_urls = urls.databases(databases, db_files)
+        broker_urls = urls.brokers(brokers, broker_files)
+        logs.hide([*database_urls, *broker_urls.values()])
+        engine = Relay(database_urls, broker_urls, table=table, settings=settings)
         asyncio.run(serve(engine, max_seconds=max_seconds, http=address))
     except RelayboxError as exc:
         raise click.ClickException(str(exc)) from exc

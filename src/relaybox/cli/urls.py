@@ -10,18 +10,23 @@ machine can read (`ps`).
 A file holds one URL (surrounding whitespace and a final newline are ignored), as a
 mounted secret does. Errors name the file, never its content. The environment variable
 is read only when neither option is given.
+
+`MaskingFormatter` formats the log lines of a command that configures logging: client
+libraries log URLs whole (httpx logs each request's), so every line is masked, and the
+secrets of the command's own URLs scrubbed, on its way out.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import pathlib
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import click
 
-from relaybox.core.urls import mask_url
+from relaybox.core.urls import mask_url, scrub, url_secrets
 from relaybox.errors import ConfigurationError
 
 T = TypeVar("T")
@@ -107,3 +112,18 @@ def _split(value: str, option: str, what: str) -> tuple[str, str]:
     if not sep or not name or not rest:
         raise ConfigurationError(f"{option} takes NAME={what}, got {mask_url(value)!r}")
     return name, rest
+
+
+class MaskingFormatter(logging.Formatter):
+    """Log lines with every URL masked and every secret of `urls` replaced."""
+
+    def __init__(self, fmt: str) -> None:
+        super().__init__(fmt)
+        self._secrets: frozenset[str] = frozenset()
+
+    def hide(self, urls: Iterable[str]) -> None:
+        """Scrub the secrets of `urls` too, in whatever words a library says them."""
+        self._secrets = self._secrets.union(*map(url_secrets, urls))
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub(super().format(record), self._secrets)
