@@ -68,6 +68,16 @@ async def test_the_bench_report_holds_no_secret_of_its_command_line(tmp_path: Pa
     assert SECRET not in done.stdout + done.stderr
 
 
+async def test_the_demo_summary_names_its_broker_masked(tmp_path: Path) -> None:
+    from relaybox.tools import demo
+
+    async with webhook_harness() as webhook:
+        hook = f"http://relay:{SECRET}@127.0.0.1:{webhook.server.port}/hook?secret={SECRET}"
+        summary = await demo.run(5, 100.0, hook, tmp_path / "orders.db")
+    assert "127.0.0.1" in summary["broker"]
+    assert SECRET not in json.dumps(summary)
+
+
 @pytest.mark.parametrize("form", [with_password, with_query_password])
 def test_status_and_migrate_print_the_database_url_masked(form: object) -> None:
     url = form(PG_URL)  # type: ignore[operator]
