@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 from relaybox import sql
 from relaybox.core.extras import installed, missing
 from relaybox.core.identifiers import DEFAULT_INBOX, DEFAULT_TABLE, validate_table_name
+from relaybox.core.urls import without_secrets
 from relaybox.errors import ConfigurationError, MigrationError, RelayboxError, SchemaError
 from relaybox.storage.urls import DatabaseUrl
 
@@ -241,10 +242,13 @@ async def migrate(
     try:
         async with _locked(url, table) as ddl:
             applied = await _migrate(ddl, dialect, table, steps)
-    except RelayboxError:
-        raise
-    except Exception as exc:  # connection refused, auth, unknown database ...
-        raise MigrationError(f"cannot migrate {table} at {url.masked}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - connection refused, auth, unknown database ...
+        error = (
+            exc if isinstance(exc, RelayboxError)
+            else MigrationError(f"cannot migrate {table} at {url.masked}: {exc}")
+        )  # fmt: skip
+        error = without_secrets(error, exc, url.secrets)  # a driver may quote the password
+        raise error from error.__cause__
     return MigrationReport(table, tuple(applied), latest)
 
 

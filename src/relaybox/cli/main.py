@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import click
 
 from relaybox import sql
+from relaybox.cli.urls import database_option
 from relaybox.core.identifiers import DEFAULT_INBOX, DEFAULT_TABLE
 from relaybox.errors import RelayboxError
 from relaybox.migrations import migrate as run_migrations
@@ -53,7 +54,7 @@ _INBOX_HELP = "The inbox's tables (consumer side) instead of the outbox's."
 
 
 @main.command()
-@click.option("--db", "db_url", required=True, envvar="RELAYBOX_DB", help="Database URL.")
+@database_option()
 @click.option("--table", default=None, help=_TABLE_HELP)
 @click.option("--inbox", is_flag=True, help=_INBOX_HELP)
 def migrate(db_url: str, table: str | None, inbox: bool) -> None:
@@ -106,7 +107,7 @@ def _run(
         raise error(str(exc)) from exc
 
 
-_DB = click.option("--db", "db_url", required=True, envvar="RELAYBOX_DB", help="Database URL.")
+_DB = database_option()
 _TABLE = click.option("--table", default=DEFAULT_TABLE, show_default=True, help="Outbox table.")
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 

@@ -17,8 +17,10 @@ from typing import Any, TypeVar
 
 import click
 
+from relaybox.cli.urls import database_option
 from relaybox.core.extras import installed, missing
 from relaybox.core.identifiers import DEFAULT_INBOX
+from relaybox.core.urls import scrub
 from relaybox.errors import RelayboxError, SchemaError, StorageError
 from relaybox.inbox import parked as store
 from relaybox.inbox.parked import STATUSES, ParkedMessage, Status
@@ -27,9 +29,7 @@ from relaybox.writer.connections import missing_table
 
 T = TypeVar("T")
 
-_DB = click.option(
-    "--db", "db_url", required=True, envvar="RELAYBOX_DB", help="The consumer's database URL."
-)
+_DB = database_option("The consumer's database URL.")
 _TABLE = click.option(
     "--inbox-table", "table", default=DEFAULT_INBOX, show_default=True,
     help="The inbox table; its parked messages are in <table>_parked.",
@@ -136,7 +136,7 @@ async def _in_transaction(url: DatabaseUrl, table: str, work: Callable[[Any], Aw
     except RelayboxError:
         raise
     except Exception as error:  # noqa: BLE001 - a driver's, told as relaybox's
-        text = str(error).replace(url.password, "***") if url.password else str(error)
+        text = scrub(str(error), url.secrets)  # a driver may quote the password
         if missing_table(error):
             raise SchemaError(
                 f"no table {table}_parked at {url.masked}: create it with `relaybox migrate "

@@ -9,10 +9,12 @@ import signal
 
 import click
 
+from relaybox.cli import urls
+from relaybox.cli.urls import BROKER_ENV, DB_ENV, from_environment
 from relaybox.core.circuit import CircuitPolicy
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.retry import RetryPolicy
-from relaybox.errors import ConfigurationError, RelayboxError
+from relaybox.errors import RelayboxError
 from relaybox.observability.http import StatusServer, parse_address
 from relaybox.relay.engine import Relay
 from relaybox.relay.settings import RelaySettings
@@ -22,18 +24,6 @@ _early_signal: list[int] = []
 
 def _remember_signal(signum: int, _frame: object) -> None:
     _early_signal.append(signum)
-
-
-def parse_brokers(values: tuple[str, ...]) -> dict[str, str]:
-    brokers: dict[str, str] = {}
-    for value in values:
-        name, sep, url = value.partition("=")
-        if not sep or not name or not url:
-            raise ConfigurationError(f"--broker takes NAME=URL, got {value!r}")
-        if name in brokers:
-            raise ConfigurationError(f"--broker names target {name!r} twice")
-        brokers[name] = url
-    return brokers
 
 
 async def serve(
@@ -82,16 +72,34 @@ _CIRCUIT = _DEFAULTS.circuit
     "--db",
     "databases",
     multiple=True,
-    required=True,
-    envvar="RELAYBOX_DB",
-    help="Database URL; repeat for one processor per database.",
+    envvar=DB_ENV,
+    metavar="URL",
+    help=f"Database URL; repeat for one processor per database. Also {DB_ENV} "
+    "(several separated by spaces).",
+)
+@click.option(
+    "--db-file",
+    "db_files",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    metavar="PATH",
+    help="Read a database URL from this file (keeps its password out of `ps`); repeatable.",
 )
 @click.option(
     "--broker",
     "brokers",
     multiple=True,
-    required=True,
-    help="Target NAME=URL (memory://, noop://, file://PATH, ...); repeatable.",
+    envvar=BROKER_ENV,
+    metavar="NAME=URL",
+    help=f"Target NAME=URL (memory://, noop://, file://PATH, ...); repeatable. Also "
+    f"{BROKER_ENV} (several separated by spaces).",
+)
+@click.option(
+    "--broker-file",
+    "broker_files",
+    multiple=True,
+    metavar="NAME=PATH",
+    help="Read target NAME's URL from the file PATH (keeps its secrets out of `ps`); repeatable.",
 )
 @click.option("--table", default=DEFAULT_TABLE, show_default=True)
 @click.option("--batch-size", default=_DEFAULTS.batch_size, show_default=True)
@@ -148,7 +156,8 @@ _CIRCUIT = _DEFAULTS.circuit
 @click.option("--max-seconds", type=float, default=None, help="Stop after this long.")
 @click.option("--log-level", default="INFO", show_default=True)
 def relay(
-    databases: tuple[str, ...], brokers: tuple[str, ...], table: str, batch_size: int,
+    databases: tuple[str, ...], db_files: tuple[str, ...], brokers: tuple[str, ...],
+    broker_files: tuple[str, ...], table: str, batch_size: int,
     max_in_flight: int, lease_seconds: float, publish_timeout: float, partitions: int,
     no_partition_leases: bool, retry_base: float, retry_max: float, retry_jitter: float,
     max_attempts: int, circuit_threshold: int, circuit_open: float, circuit_max_open: float,
@@ -156,10 +165,17 @@ def relay(
     published_retention: float, abandoned_retention: float, cleanup_interval: float,
     shutdown_timeout: float, http: str | None, max_seconds: float | None, log_level: str,
 ) -> None:  # fmt: skip
-    """Deliver committed outbox messages to brokers until SIGTERM or SIGINT."""
+    """Deliver committed outbox messages to brokers until SIGTERM or SIGINT.
+
+    Database and broker URLs may come from the environment (RELAYBOX_DB,
+    RELAYBOX_BROKER) or from files (--db-file, --broker-file) instead of the command
+    line, where every user of the machine can read them; an environment variable is
+    read only when neither of its options is given."""
     for sig in (signal.SIGTERM, signal.SIGINT):  # until the event loop takes over
         signal.signal(sig, _remember_signal)
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logs := urls.MaskingFormatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=log_level.upper(), handlers=[handler])
     try:
         settings = RelaySettings(
             batch_size=batch_size, max_in_flight=max_in_flight, lease_seconds=lease_seconds,
@@ -175,7 +191,14 @@ def relay(
             cleanup_interval=cleanup_interval, shutdown_timeout=shutdown_timeout,
         )  # fmt: skip
         address = None if http is None else parse_address(http)  # fails before anything starts
-        engine = Relay(list(databases), parse_brokers(brokers), table=table, settings=settings)
+        if db_files and from_environment("databases"):
+            databases = ()
+        if broker_files and from_environment("brokers"):
+            brokers = ()
+        database_urls = urls.databases(databases, db_files)
+        broker_urls = urls.brokers(brokers, broker_files)
+        logs.hide([*database_urls, *broker_urls.values()])
+        engine = Relay(database_urls, broker_urls, table=table, settings=settings)
         asyncio.run(serve(engine, max_seconds=max_seconds, http=address))
     except RelayboxError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -73,6 +73,7 @@ from relaybox.consumers.base import (
 )
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
+from relaybox.core.urls import mask_url
 from relaybox.errors import BrokerUnavailableError, ConfigurationError, EnvelopeError
 from relaybox.inbox.consumer import Consumer
 from relaybox.publishers.kafka import DEFAULT_PORT, PREFIX
@@ -128,20 +129,27 @@ def decode(record: KafkaRecord) -> Incoming:
 def parse_servers(servers: str) -> str:
     """`host:port,...` from either that or a `kafka://host:port,...` URL (no options:
     the consumer takes them as keyword arguments)."""
+    shown = mask_url(servers)
     if "://" not in servers:
         hosts = servers
     else:
         parts = urllib.parse.urlsplit(servers)
         if parts.scheme != "kafka" or parts.query or parts.path not in ("", "/"):
             raise ConfigurationError(
-                f"Kafka bootstrap servers {servers!r}: give host:port[,host:port] or "
+                f"Kafka bootstrap servers {shown!r}: give host:port[,host:port] or "
                 "kafka://host:port[,...] without a path or options (pass those as "
                 "KafkaConsumer keyword arguments)"
             )
-        hosts = parts.netloc.rpartition("@")[2]
+        hosts = parts.netloc
+    if "@" in hosts:
+        raise ConfigurationError(
+            f"Kafka bootstrap servers {shown!r} carry credentials, which the consumer "
+            "would not use: remove them, and pass security_protocol, sasl_mechanism, "
+            "sasl_plain_username, sasl_plain_password or ssl_context in `settings`"
+        )
     found = [h.strip() for h in hosts.split(",") if h.strip()]
     if not found:
-        raise ConfigurationError(f"no Kafka bootstrap server in {servers!r}")
+        raise ConfigurationError(f"no Kafka bootstrap server in {shown!r}")
     return ",".join(h if ":" in h else f"{h}:{DEFAULT_PORT}" for h in found)
 
 

@@ -180,7 +180,9 @@ class MqttConsumer(BrokerConsumer):
         parsed = BrokerUrl(url)
         parsed.done()
         if parsed.scheme not in ("mqtt", "mqtts"):
-            raise ConfigurationError(f"MqttConsumer needs an mqtt:// or mqtts:// URL, not {url!r}")
+            raise ConfigurationError(
+                f"MqttConsumer needs an mqtt:// or mqtts:// URL, not {parsed.masked()!r}"
+            )
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         if not self.topics or not all(self.topics):
             raise ConfigurationError("MqttConsumer needs at least one non-empty topic filter")

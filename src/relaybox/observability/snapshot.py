@@ -2,7 +2,8 @@
 
 The operational signals first (pending, failed and waiting for a retry, the retry rate,
 abandoned, and the oldest pending age) over every database, then per database and per
-target.
+target. Every URL and error text in it passes `mask_url` on its way out, whatever its
+source already masked.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from relaybox.core.circuit import CircuitState
 from relaybox.core.signals import StatsSample, TargetCounters
+from relaybox.core.urls import mask_url
 
 if TYPE_CHECKING:
-    from relaybox.relay.engine import Relay
+    from relaybox.relay.engine import Relay, Unreachable
     from relaybox.relay.processor import Processor
 
 
@@ -32,13 +34,13 @@ async def snapshot(relay: Relay, max_age: float = 2.0) -> dict[str, Any]:
         unreachable = relay.unreachable.get(name)
         databases[name] = (
             _database(relay, processor, url, now) if processor is not None
-            else {"url": url, "error": None if unreachable is None else unreachable.error}
+            else {"url": _shown(url), "error": _error(unreachable)}
         )  # fmt: skip
     counters = relay.target_counters()
     targets = {}
     for name, counted in counters.items():
         unreachable = relay.unreachable.get(f"target {name}")
-        error = None if unreachable is None else unreachable.error
+        error = _error(unreachable)
         targets[name] = _target(counted, relay.circuits[name].state, error)
     problems = relay.readiness()
     return {
@@ -46,7 +48,7 @@ async def snapshot(relay: Relay, max_age: float = 2.0) -> dict[str, Any]:
         "table": relay.table,
         "uptime_seconds": None if relay.started_at is None else time.time() - relay.started_at,
         "ready": not problems,
-        "problems": problems,
+        "problems": [mask_url(problem) for problem in problems],
         "signals": _signals(
             [p.stats_sample if (p := processors.get(name)) else None for name in databases],
             counters.values(),
@@ -56,11 +58,19 @@ async def snapshot(relay: Relay, max_age: float = 2.0) -> dict[str, Any]:
     }
 
 
+def _shown(text: str | None) -> str | None:
+    return None if text is None else mask_url(text)
+
+
+def _error(unreachable: Unreachable | None) -> str | None:
+    return None if unreachable is None else mask_url(unreachable.error)
+
+
 def _database(
     relay: Relay, processor: Processor[Any], url: str | None, now: float
 ) -> dict[str, Any]:
     return {
-        "url": url,
+        "url": _shown(url),
         "error": None,
         "partitions_held": processor.partitions_held,
         "partition_count": relay.settings.partitions,
@@ -84,7 +94,7 @@ def _sample(sample: StatsSample | None, now: float) -> dict[str, Any] | None:
         "active_leases": None if stats is None else stats.active_leases,
         "live_by_target": None if stats is None else dict(stats.live_by_target),
         "sample_age_seconds": sample.age(now),
-        "error": sample.error,
+        "error": _shown(sample.error),
     }
 
 

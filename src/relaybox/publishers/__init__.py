@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 
 from relaybox.core.extras import needs_extras
+from relaybox.core.urls import mask_url
 from relaybox.errors import ConfigurationError
 from relaybox.ports import Publisher
 from relaybox.publishers.options import BrokerUrl
@@ -37,11 +38,15 @@ def open_publisher(url: str) -> Publisher:
     """A publisher for `url`, not yet started; see each module for its options."""
     scheme, sep, _ = url.partition("://")
     if not sep:
-        raise ConfigurationError(f"broker URL {url!r} has no scheme, like nats:// or file://")
+        raise ConfigurationError(
+            f"broker URL {mask_url(url)!r} has no scheme, like nats:// or file://"
+        )
     module_name = SCHEMES.get(scheme)
     if module_name is None:
         known = ", ".join(f"{s}://" for s in sorted(SCHEMES))
-        raise ConfigurationError(f"no publisher for broker URL scheme {scheme!r}; known: {known}")
+        raise ConfigurationError(
+            f"no publisher for broker URL scheme {mask_url(scheme)!r}; known: {known}"
+        )
     with needs_extras(f"the broker URL {scheme}://"):
         module = importlib.import_module(f"relaybox.publishers.{module_name}")
     parsed = BrokerUrl(url)

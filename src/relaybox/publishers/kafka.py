@@ -11,6 +11,17 @@ Options:
     client_id         Kafka client id (default "relaybox").
     compression       none|gzip|snappy|lz4|zstd (default none).
     max_request_size  bytes; a larger record fails permanently (default 1048576).
+    security_protocol PLAINTEXT|SSL (default PLAINTEXT). SSL verifies the brokers'
+                      certificates against the system CAs, or `ssl_cafile`.
+    ssl_cafile        a PEM file of the CA certificates that sign the brokers'.
+    ssl_certfile      with ssl_keyfile: PEM files of a client certificate and its key,
+                      for brokers that authenticate clients by certificate.
+
+    kafka://broker.example:9093?security_protocol=SSL&ssl_cafile=/etc/kafka/ca.pem
+
+A kafka:// URL takes no `user:password@`: relaybox does not authenticate to Kafka with
+SASL, and refuses credentials rather than ignore them; authenticate with a client
+certificate instead.
 
 The record key is the message key (so a key stays in one partition), the value is the
 payload, and the CloudEvents Kafka binding in binary mode puts the attributes in
@@ -26,6 +37,7 @@ import asyncio
 import contextlib
 import dataclasses
 import re
+import ssl
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,6 +63,7 @@ PREFIX = "ce_"
 DEFAULT_PORT = 9092
 _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 _IDEMPOTENCE = ("auto", "true", "false")
+_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL")
 
 #: Errors no retry can fix: the record, its topic or our rights are at fault.
 _PERMANENT: tuple[type[BaseException], ...] = (
@@ -80,6 +93,12 @@ _NO_ANSWER: tuple[type[BaseException], ...] = (
 
 
 def from_url(url: BrokerUrl) -> KafkaPublisher:
+    if "@" in url.parts.netloc:
+        raise ConfigurationError(
+            f"{url.masked()}: a kafka:// URL takes no user or password (relaybox does not "
+            "authenticate to Kafka with SASL); remove them, and authenticate with a client "
+            "certificate: security_protocol=SSL&ssl_certfile=PATH&ssl_keyfile=PATH"
+        )
     idempotence = url.text("idempotence", "auto").lower()
     if idempotence not in _IDEMPOTENCE:
         raise ConfigurationError(
@@ -93,7 +112,33 @@ def from_url(url: BrokerUrl) -> KafkaPublisher:
         client_id=url.text("client_id", "relaybox"),
         compression=url.optional_text("compression"),
         max_request_size=url.number("max_request_size", 1048576, minimum=1024),
+        ssl_context=tls_context(url),
     )
+
+
+def tls_context(url: BrokerUrl) -> ssl.SSLContext | None:
+    """The TLS context the URL's `security_protocol` and `ssl_*` options ask for (None:
+    plaintext)."""
+    protocol = url.text("security_protocol", "PLAINTEXT").upper()
+    files = {name: url.optional_text(f"ssl_{name}") for name in ("cafile", "certfile", "keyfile")}
+    if protocol not in _SECURITY_PROTOCOLS:
+        raise ConfigurationError(
+            f"kafka:// option security_protocol={protocol}: use PLAINTEXT or SSL (relaybox "
+            "does not authenticate to Kafka with SASL; use a client certificate)"
+        )
+    if protocol == "PLAINTEXT":
+        if any(files.values()):
+            raise ConfigurationError("kafka:// ssl_* options need security_protocol=SSL")
+        return None
+    if (files["certfile"] is None) != (files["keyfile"] is None):
+        raise ConfigurationError("kafka:// options ssl_certfile and ssl_keyfile go together")
+    try:
+        context = ssl.create_default_context(cafile=files["cafile"])
+        if files["certfile"] is not None:
+            context.load_cert_chain(files["certfile"], files["keyfile"])
+    except (OSError, ssl.SSLError) as error:
+        raise ConfigurationError(f"kafka:// TLS files: {error}") from None
+    return context
 
 
 def bootstrap_servers(url: BrokerUrl) -> str:
@@ -135,7 +180,9 @@ class KafkaPublisher:
         client_id: str = "relaybox",
         compression: str | None = None,
         max_request_size: int = 1048576,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """`ssl_context`: connect over TLS with it (None: plaintext)."""
         self.bootstrap_servers = bootstrap_servers
         self._source = source
         self._timeout = timeout
@@ -144,6 +191,8 @@ class KafkaPublisher:
             "client_id": client_id,
             "compression_type": compression,
             "max_request_size": max_request_size,
+            "security_protocol": "PLAINTEXT" if ssl_context is None else "SSL",
+            "ssl_context": ssl_context,
         }
         self._producer: AIOKafkaProducer | None = None
         #: Whether the running producer is idempotent (known after start()).

@@ -13,7 +13,7 @@ import urllib.parse
 from typing import TypeVar
 
 from relaybox.core.envelope import DEFAULT_SOURCE
-from relaybox.core.urls import mask_password
+from relaybox.core.urls import mask_url
 from relaybox.errors import ConfigurationError
 
 _T = TypeVar("_T", int, float)
@@ -30,7 +30,7 @@ class BrokerUrl:
         try:
             parts = urllib.parse.urlsplit(url)
         except ValueError as exc:  # an unclosed [IPv6] bracket
-            raise ConfigurationError(f"bad broker URL {mask_password(url)}: {exc}") from None
+            raise ConfigurationError(f"bad broker URL {mask_url(url)}: {exc}") from None
         self.scheme = parts.scheme
         self.parts = parts
         self._options = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
@@ -102,4 +102,4 @@ class BrokerUrl:
             )
 
     def masked(self) -> str:
-        return mask_password(self.raw)
+        return mask_url(self.raw)

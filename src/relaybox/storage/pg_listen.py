@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from relaybox.core.identifiers import notify_channel
 from relaybox.core.retry import RetryPolicy
+from relaybox.core.urls import without_secrets
 from relaybox.errors import ConfigurationError, StorageError, StorageOperationalError
 from relaybox.storage.postgres import translate
 from relaybox.storage.sql import GRACE
@@ -191,8 +192,13 @@ class Listener:
                 f"PostgreSQL at {self._url.masked} did not answer a new LISTEN connection "
                 f"within {self._url.connect_timeout:g} s"
             ) from None
-        except Exception as exc:
-            raise translate(exc) from exc
+        except Exception as exc:  # noqa: BLE001 - raised again as relaybox's
+            error = self._relaybox_error(exc)
+            raise error from error.__cause__
+
+    def _relaybox_error(self, exc: BaseException) -> StorageError:
+        """The driver's error as relaybox's, without the URL's secrets."""
+        return without_secrets(translate(exc), exc, self._url.secrets)
 
     async def _drop(self, *, politely: bool = True) -> None:
         session, self._session = self._session, None
@@ -216,7 +222,7 @@ class Listener:
                 await self._session.wait(self._probe_every)
                 await self._probe(self._session)
         except Exception as exc:  # noqa: BLE001 - whatever broke it, the cure is to reconnect
-            error = translate(exc)
+            error = self._relaybox_error(exc)
         logger.warning(
             "lost the LISTEN connection, reconnecting: %s",
             error,

@@ -42,6 +42,7 @@ from relaybox.core.records import (
     OutboxStats,
     Settled,
 )
+from relaybox.core.urls import without_secrets
 from relaybox.errors import SchemaError, StorageError, StorageOperationalError
 from relaybox.sql.inserts import inserts
 from relaybox.sql.params import native_style
@@ -242,13 +243,13 @@ class SqlStorage(abc.ABC):
                 result = await work(Session(connection, self._bind))
                 await connection.commit()
                 return result
-            except Exception as exc:
-                error = self.translate(exc)
+            except Exception as exc:  # noqa: BLE001 - raised again as relaybox's
+                error = self._relaybox_error(exc)
                 if isinstance(error, StorageOperationalError) or (
                     atomic and not await _rolled_back(connection)
                 ):
                     await self._discard()
-                raise error from exc
+                raise error from error.__cause__
             except BaseException:  # cancelled mid-statement: never reuse the connection
                 await self._discard()
                 raise
@@ -260,8 +261,14 @@ class SqlStorage(abc.ABC):
                 return await self._open()
         except TimeoutError:  # ours, or the driver's own connect timeout
             raise self._stall(f"a new connection within {seconds:g} s") from None
-        except Exception as exc:
-            raise self.translate(exc) from exc
+        except Exception as exc:  # noqa: BLE001 - raised again as relaybox's
+            error = self._relaybox_error(exc)
+            raise error from error.__cause__
+
+    def _relaybox_error(self, exc: BaseException) -> StorageError:
+        """The driver's error as relaybox's, with no secret of the URL in its words or in
+        the cause it is chained to (a driver may quote a password it could not use)."""
+        return without_secrets(self.translate(exc), exc, self._url.secrets)
 
     def _stalled(self, query: str, seconds: float) -> StorageOperationalError:
         """The error for a statement that got no answer in time."""

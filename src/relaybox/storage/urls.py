@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import urllib.parse
 
-from relaybox.core.urls import mask_password
+from relaybox.core.urls import mask_url, url_secrets
 from relaybox.errors import ConfigurationError
 
 _SCHEMES: dict[str, tuple[str, str | None]] = {
@@ -74,7 +74,7 @@ class DatabaseUrl:
         try:
             parts = urllib.parse.urlsplit(url)
         except ValueError as exc:  # an unclosed [IPv6] bracket
-            raise ConfigurationError(f"bad database URL {mask_password(url)}: {exc}") from None
+            raise ConfigurationError(f"bad database URL {mask_url(url)}: {exc}") from None
         scheme = parts.scheme.lower()
         if scheme not in _SCHEMES:
             raise ConfigurationError(
@@ -89,10 +89,10 @@ class DatabaseUrl:
             database = database.split("?", 1)[0] or ":memory:"
         else:
             database = urllib.parse.unquote(parts.path.lstrip("/"))
-        hosts = _hosts(parts.netloc, mask_password(url))
+        hosts = _hosts(parts.netloc, mask_url(url))
         if len(hosts) > 1 and dialect not in _MULTI_HOST:
             raise ConfigurationError(
-                f"database URL {mask_password(url)} names {len(hosts)} hosts; a {dialect} "
+                f"database URL {mask_url(url)} names {len(hosts)} hosts; a {dialect} "
                 "URL takes one (only PostgreSQL URLs may list several)"
             )
         query = dict(urllib.parse.parse_qsl(parts.query))
@@ -107,8 +107,11 @@ class DatabaseUrl:
             database=database,
             query=query,
             hosts=hosts,
-            **{name: _seconds(query, name, mask_password(url)) for name in TIMEOUT_OPTIONS},
+            **{name: _seconds(query, name, mask_url(url)) for name in TIMEOUT_OPTIONS},
         )
+
+    def __repr__(self) -> str:  # the fields hold the password
+        return f"DatabaseUrl({self.masked!r})"
 
     @property
     def clients(self) -> tuple[str, ...]:
@@ -130,8 +133,14 @@ class DatabaseUrl:
 
     @property
     def masked(self) -> str:
-        """The URL with its password replaced, for logs and errors."""
-        return mask_password(self.url)
+        """The URL with its secrets replaced, for logs and errors."""
+        return mask_url(self.url)
+
+    @property
+    def secrets(self) -> frozenset[str]:
+        """The URL's password (userinfo or `?password=`) and other secret options, as
+        written and percent-decoded: what must not appear in a driver's error."""
+        return url_secrets(self.url)
 
     def libpq_dsn(self) -> str:
         """A postgresql:// URL without the +driver suffix and without relaybox's own

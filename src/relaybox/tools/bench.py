@@ -40,7 +40,7 @@ from relaybox.core.identifiers import index_prefix, validate_table_name
 from relaybox.core.message import DEFAULT_TARGET, Message
 from relaybox.core.payload import encode_payload
 from relaybox.core.records import Routing
-from relaybox.core.urls import mask_password
+from relaybox.core.urls import mask_url, without_secrets
 from relaybox.errors import RelayboxError
 from relaybox.migrations import migrate
 from relaybox.ports import Publisher
@@ -412,8 +412,10 @@ async def connect_admin(url: DatabaseUrl) -> Admin:
         if url.dialect == "postgresql":
             return await PostgresAdmin.connect(url)
         return await MySQLAdmin.connect(url)
-    except Exception as exc:  # refused, auth, unknown database: say which and why
-        raise RelayboxError(f"cannot connect to {url.masked}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - refused, auth, unknown database: say which and why
+        error = RelayboxError(f"cannot connect to {url.masked}: {exc}")
+        error = without_secrets(error, exc, url.secrets)  # a driver may quote the password
+        raise error from error.__cause__
 
 
 # -- measuring helpers ----------------------------------------------------------------
@@ -782,10 +784,10 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         report: dict[str, Any] = {
             "benchmark": "relaybox bench",
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "command": shlex.join(sys.argv),
+            "command": shlex.join(map(mask_url, sys.argv)),
             "database": {"url": url.masked, "dialect": url.dialect, "table": options.table,
                          "version": await admin.version()},
-            "broker": mask_password(options.broker),
+            "broker": mask_url(options.broker),
             "machine": machine(),
             "settings": _settings(options, url),
         }  # fmt: skip
@@ -822,7 +824,7 @@ def _settings(options: BenchOptions, url: DatabaseUrl) -> dict[str, Any]:
     relay = _relay_settings(options)
     writer = {"postgresql": "asyncpg", "mysql": "aiomysql", "sqlite": "aiosqlite"}[url.dialect]
     settings = dataclasses.asdict(options)
-    settings["db"], settings["broker"] = url.masked, mask_password(options.broker)
+    settings["db"], settings["broker"] = url.masked, mask_url(options.broker)
     settings["relay"] = {
         "batch_size": relay.batch_size, "max_in_flight": relay.max_in_flight,
         "idle_interval": relay.idle_interval, "min_poll_interval": relay.min_poll_interval,

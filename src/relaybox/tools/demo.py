@@ -32,6 +32,7 @@ import click
 
 from relaybox.core.message import Message
 from relaybox.core.records import StoredMessage
+from relaybox.core.urls import mask_url
 from relaybox.errors import RelayboxError
 from relaybox.migrations import migrate
 from relaybox.publishers import open_publisher
@@ -145,7 +146,7 @@ async def run(orders: int, rate: float, broker: str | None, db: Path) -> dict[st
                 asyncio.to_thread(write_orders, db, outbox, ledger, orders, rate)
             )
             await _show_progress(ledger, publisher, writing, orders)
-    broker_name = url if broker else "embedded NATS JetStream"
+    broker_name = mask_url(url) if broker else "embedded NATS JetStream"
     return summarise(ledger, publisher.confirmed, broker_name, readable)
 
 
