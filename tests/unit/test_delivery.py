@@ -146,3 +146,15 @@ async def test_lost_lease_stops_further_waves() -> None:
     assert publisher.calls == [[1]]
     assert settlement.published == [1]
     assert not settlement.released  # not ours any more: nothing to record for seq 2
+
+
+async def test_a_failure_s_words_are_kept_without_the_secrets_of_urls_in_them() -> None:
+    said = "connection to amqp://relay:hunter2@mq.internal:5672/ refused; retry ?token=t0k3n"
+    publisher = Recorder({1: permanent(said), 2: transient(said)})
+    settlement = Settlement()
+    await delivery(publisher).run([stored(1, "a"), stored(2, "b")], settlement)
+    kept = [f.error for f in settlement.abandoned + settlement.failed]
+    assert len(kept) == 2
+    for error in kept:
+        assert "hunter2" not in error and "t0k3n" not in error
+        assert "mq.internal:5672" in error  # what helps an operator stays

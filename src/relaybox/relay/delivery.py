@@ -37,6 +37,7 @@ from relaybox.core.publishing import (
 from relaybox.core.records import Failure, StoredMessage
 from relaybox.core.retry import RetryPolicy
 from relaybox.core.signals import TargetCounters
+from relaybox.core.urls import mask_url
 from relaybox.ports import Publisher
 
 logger = logging.getLogger(__name__)
@@ -134,7 +135,9 @@ class Delivery:
         if result.outcome is Outcome.ACKED:
             out.published.append(message.seq)
             return True
-        error = result.error or result.outcome.value
+        # A broker's or receiver's words are stored and shown to operators: any URL in
+        # them leaves without its secrets.
+        error = mask_url(result.error or result.outcome.value)
         counters = self.counters[message.target]
         if result.outcome is Outcome.PERMANENT:
             counters.abandoned += 1
@@ -220,7 +223,7 @@ class Delivery:
             silent = timed_out(f"no answer from the broker within {self._timeout:g} s")
             results = [silent] * len(batch)
         except Exception as error:  # noqa: BLE001 - any publisher failure is retried later
-            logger.warning("publish to target %s raised %r", target, error,
+            logger.warning("publish to target %s raised %s", target, mask_url(repr(error)),
                            extra={"action": "publish_error", "target": target})  # fmt: skip
             results = [transient(f"{type(error).__name__}: {error}")] * len(batch)
         if len(results) != len(batch):
