@@ -230,7 +230,7 @@ def test_reads_its_url_options() -> None:
 
 
 def test_puts_the_envelope_in_amqp_properties() -> None:
-    message = stored("t", correlation_id="corr-1", headers={"x-app": "shop"})
+    message = stored("t", correlation_id="corr-1", headers={"app": "shop"})
     wire = amqp.amqp_message(message, "shop")
     assert wire.message_id == str(message.id)
     assert wire.correlation_id == "corr-1"
@@ -238,7 +238,7 @@ def test_puts_the_envelope_in_amqp_properties() -> None:
     assert wire.content_type == "application/json"
     assert wire.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
     assert wire.headers["cloudEvents:source"] == "shop"
-    assert wire.headers["x-app"] == "shop"
+    assert wire.headers["app"] == "shop"
 
 
 async def test_refuses_to_start_with_a_wrong_password() -> None:

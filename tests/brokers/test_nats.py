@@ -209,7 +209,7 @@ async def test_a_bad_subject_or_header_fails_permanently_alone(shared: NatsHarne
 async def test_does_not_mutate_the_messages(shared: NatsHarness) -> None:
     topic = unique_topic()
     await shared.prepare(topic)
-    message = stored(topic, headers={"x-app": "shop"})
+    message = stored(topic, headers={"app": "shop"})
     before = repr(message)
     async with started(shared.publisher()) as publisher:
         await publisher.publish([message])
@@ -392,7 +392,7 @@ async def test_starts_over_when_the_client_gave_up(shared: NatsHarness) -> None:
 async def test_max_payload_is_counted_exactly_with_the_headers(shared: NatsHarness) -> None:
     topic = unique_topic()
     await shared.prepare(topic)
-    probe = stored(topic, key="edge", headers={"x-app": "naïve café"})
+    probe = stored(topic, key="edge", headers={"app": "naïve café"})
     envelope_size = wire_size(probe, "relaybox") - len(probe.payload)
     fits = probe._replace(payload=b"x" * (MAX_PAYLOAD - envelope_size))
     over = probe._replace(payload=b"x" * (MAX_PAYLOAD - envelope_size + 1))
@@ -486,8 +486,8 @@ async def test_one_call_settles_each_message_from_its_own_reply(shared: NatsHarn
 async def test_text_utf8_cannot_carry_fails_its_message_alone(shared: NatsHarness) -> None:
     topic = unique_topic()
     await shared.prepare(topic)
-    broken = stored(topic, headers={"x-bad": "\ud800"})
-    wide = stored(topic, key="clé-📦", headers={"x-e": "naïve café"}, type="commande.payée")
+    broken = stored(topic, headers={"bad": "\ud800"})
+    wide = stored(topic, key="clé-📦", headers={"e": "naïve café"}, type="commande.payée")
     async with started(shared.publisher()) as publisher:
         results = await publisher.publish([broken, wide, stored(f"{topic}\udc80")])
     assert outcomes(results) == [Outcome.PERMANENT, Outcome.ACKED, Outcome.PERMANENT]

@@ -53,11 +53,11 @@ def failing_once(failing: str, attempts: list[str]) -> Hook:
 
 
 def check_carries_the_envelope(got: Incoming, message: StoredMessage, topic: str) -> None:
-    """`got` is `message`, published with headers {"x-app": "shop", "traceparent":
+    """`got` is `message`, published with headers {"app": "shop", "traceparent":
     "00-ab-cd-01"}, correlation "corr", tenant "t1" and aggregate "order-1", decoded
     with every attribute the publisher sends."""
     assert (got.id, got.payload, got.topic) == (str(message.id), message.payload, topic)
-    assert got.headers == {"x-app": "shop", "traceparent": "00-ab-cd-01"}
+    assert got.headers == {"app": "shop", "traceparent": "00-ab-cd-01"}
     assert set(got.attributes) == {
         "specversion", "id", "source", "type", "time", "subject", "partitionkey",
         "correlationid", "tenantid", "aggregateid", "traceparent", "sequence",

@@ -160,7 +160,7 @@ async def test_each_message_is_applied_once_in_per_key_order(
 
     messages = [
         stored(kafka.topic, key=f"key-{n % 4}", payload=b'{"n": %d}' % n,
-               headers={"x-app": "shop"}, correlation_id=f"c{n}")
+               headers={"app": "shop"}, correlation_id=f"c{n}")
         for n in range(16)
     ]  # fmt: skip
     await kafka.publish(*messages)
@@ -321,7 +321,7 @@ def _key_for(partitions: set[int]) -> str:
 async def test_an_unreadable_record_is_rejected_and_does_not_block_the_partition(
     kafka: Kafka, world: InboxWorld
 ) -> None:
-    await kafka.produce_raw(b"k", b"not relaybox", [("x-app", b"other")])
+    await kafka.produce_raw(b"k", b"not relaybox", [("app", b"other")])
     behind = [stored(kafka.topic, key="k") for _ in range(2)]  # same key: same partition
     await kafka.publish(*behind)
     consumer = world.consumer()
@@ -364,7 +364,7 @@ class Record:
 
 
 def test_decode_is_the_inverse_of_the_publisher() -> None:
-    message = stored("orders", key="order-7", tenant_id="t1", headers={"x-app": "shop"},
+    message = stored("orders", key="order-7", tenant_id="t1", headers={"app": "shop"},
                      correlation_id="corr")  # fmt: skip
     record = Record(kafka_publisher.wire_headers(message, "shop-service"), key=b"order-7",
                     value=message.payload)  # fmt: skip
@@ -377,7 +377,7 @@ def test_decode_is_the_inverse_of_the_publisher() -> None:
     assert got.partition == message.partition
     assert got.sequence == message.seq
     assert got.content_type == "application/json"
-    assert got.headers == {"x-app": "shop"}
+    assert got.headers == {"app": "shop"}
     assert got.payload == message.payload
     assert got.topic == "orders"
     assert dict(got.attributes) == envelope.attributes(message, "shop-service")
@@ -385,7 +385,7 @@ def test_decode_is_the_inverse_of_the_publisher() -> None:
 
 def test_decode_rejects_what_has_no_id_or_an_unreadable_attribute() -> None:
     with pytest.raises(EnvelopeError, match="no CloudEvents id"):
-        decode(Record([("x-app", b"shop")]))
+        decode(Record([("app", b"shop")]))
     with pytest.raises(EnvelopeError, match="not UTF-8"):
         decode(Record([("ce_id", b"\xff\xfe")]))
 

@@ -157,7 +157,7 @@ class TestMqttConsumer(ConsumerConformance):
 async def test_decode_is_the_inverse_of_the_publisher(
     world: InboxWorld, topic: MqttHarness
 ) -> None:
-    message = stored(topic.topic, headers={"x-app": "shop", "traceparent": "00-ab-cd-01"},
+    message = stored(topic.topic, headers={"app": "shop", "traceparent": "00-ab-cd-01"},
                      correlation_id="corr", tenant_id="t1", aggregate_id="order-1")  # fmt: skip
     seen: list[Incoming] = []
     async with topic.consumer(world.consumer(before_effect=recorder(seen))) as consumer:
@@ -239,7 +239,7 @@ def test_decode_rejects_a_message_without_an_id() -> None:
     from relaybox.errors import EnvelopeError
 
     properties = Properties(PacketTypes.PUBLISH)
-    properties.UserProperty = [("type", "t"), ("x-app", "shop")]
+    properties.UserProperty = [("type", "t"), ("app", "shop")]
     message = aiomqtt.Message("orders", b"{}", 1, False, 1, properties)
     with pytest.raises(EnvelopeError, match="no CloudEvents id"):
         decode(message)

@@ -18,7 +18,7 @@ def stored(**fields: object) -> StoredMessage:
         "seq": 41, "id": uuid7(), "target": "default", "external": False, "topic": "orders",
         "key": "order-7", "partition": 5, "type": "order.paid",
         "content_type": "application/json", "payload": b'{"total": 3}',
-        "headers": {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01", "x-app": "1"},
+        "headers": {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01", "app": "1"},
         "correlation_id": "conv-1", "causation_id": "cause-1", "tenant_id": "acme",
         "aggregate_id": "agg-7", "occurred_at": now, "attempts": 2,
     }  # fmt: skip
@@ -41,7 +41,7 @@ def test_decoding_is_the_inverse_of_the_envelope() -> None:
     assert (received.tenant_id, received.aggregate_id) == ("acme", "agg-7")
     assert received.time == message.occurred_at
     assert received.traceparent == message.headers["traceparent"]
-    assert received.headers == {"traceparent": message.headers["traceparent"], "x-app": "1"}
+    assert received.headers == {"traceparent": message.headers["traceparent"], "app": "1"}
     assert received.json() == {"total": 3}
     assert received.is_json
     assert received.delivery_count == 2

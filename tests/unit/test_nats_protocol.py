@@ -43,12 +43,11 @@ def ours(subject: str, headers: dict[str, str], payload: bytes) -> bytes:
 
 HEADERS = [
     pytest.param({"a": "1"}, id="one"),
-    pytest.param({"x-app": "naïve café", "emoji": "📦"}, id="non-ascii"),
+    pytest.param({"app": "naïve café", "emoji": "📦"}, id="non-ascii"),
     pytest.param({"a": "", "b": "x"}, id="empty-value"),
     pytest.param({"a": "  padded\t", "b": "\tx"}, id="untrimmed"),
     pytest.param({"a": "line\r\nInjected: yes", "b": "cr\ronly", "c": "lf\nonly"}, id="newlines"),
     pytest.param({"a": "x\r\n", "b": "\r\n"}, id="trailing-crlf"),
-    pytest.param({" spaced ": "v", "": "gone", "  ": "gone too", "b": "kept"}, id="odd-names"),
     pytest.param({"a": "ends\u2028", "b": "\x85starts", "c": "nb\xa0sp\xa0"}, id="unicode-space"),
     pytest.param({"a": f"{WHITESPACE}x{WHITESPACE}", "b": f"in{WHITESPACE}side"}, id="all-space"),
     pytest.param({"a": "colon:  two spaces", "b": "x: y"}, id="colons"),
@@ -65,7 +64,7 @@ async def test_frames_are_the_bytes_nats_py_sends(headers: dict[str, str]) -> No
     "message",
     [
         stored("orders.paid", key="k1"),
-        stored("orders.paid", key=None, headers={"traceparent": "00-ab-cd-01", "x-app": "é"}),
+        stored("orders.paid", key=None, headers={"traceparent": "00-ab-cd-01", "app": "é"}),
         stored("orders.paid", payload=b""),
     ],
 )
@@ -179,3 +178,12 @@ def test_replies_are_read_as_before(
     result = ack_result(reply(data, headers), SUBJECT)
     assert result.outcome is outcome
     assert (result.error is None) if error is None else (error in (result.error or ""))
+
+
+@pytest.mark.parametrize("name", [" Nats-Msg-Id", "ce-id ", "\tce-type", "", "  "])
+async def test_a_name_nats_py_would_strip_or_skip_is_refused(name: str) -> None:
+    """Stripped, " Nats-Msg-Id" would be a second Nats-Msg-Id line (JetStream then
+    takes one message for a copy of another); skipped, a header would vanish."""
+    headers = {"Nats-Msg-Id": "real", name: "forged"}
+    with pytest.raises(BadHeaderError):
+        nats_protocol.header_block(headers)

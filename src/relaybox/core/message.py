@@ -12,9 +12,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from relaybox.core import tracing
+from relaybox.core.envelope import checked_headers
 from relaybox.core.ids import uuid7
 from relaybox.core.payload import DEFAULT_MAX_PAYLOAD_BYTES, check_size, encode_payload
-from relaybox.errors import EmptyTopicError, InvalidHeadersError, MessageError
+from relaybox.errors import EmptyTopicError, MessageError
 
 DEFAULT_TARGET = "default"
 _TARGET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
@@ -119,7 +120,7 @@ class Message:
         self.payload = payload
         self.key = key
         self.type: str = type or topic
-        self.headers = {} if headers is None else _checked_headers(headers)
+        self.headers = {} if headers is None else checked_headers(headers)
         if "traceparent" not in self.headers:
             traceparent = tracing.current_traceparent()
             if traceparent is not None:
@@ -168,25 +169,6 @@ def _check_text(name: str, value: object, limit: int) -> None:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise MessageError(f"{name} is not valid Unicode text: {exc}") from exc
-
-
-def _checked_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
-    if headers is None:
-        return {}
-    if not isinstance(headers, Mapping):
-        raise InvalidHeadersError("headers must be a mapping of str to str")
-    for name, value in headers.items():
-        if not isinstance(name, str) or not name or not isinstance(value, str):
-            raise InvalidHeadersError(
-                f"header {name!r} must have a non-empty str name and a str value, "
-                f"got {type(value).__name__}"
-            )
-        try:
-            _check_text("header name", name, 255)
-            _check_text(f"header {name!r}", value, 64 * 1024)
-        except MessageError as exc:
-            raise InvalidHeadersError(str(exc)) from exc
-    return dict(headers)
 
 
 def _checked_targets(targets: Any) -> tuple[Target, ...]:

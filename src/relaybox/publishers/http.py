@@ -59,7 +59,7 @@ from relaybox.core.publishing import (
 )
 from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_password
-from relaybox.errors import BrokerUnavailableError, ConfigurationError
+from relaybox.errors import BrokerUnavailableError, ConfigurationError, InvalidHeadersError
 from relaybox.publishers.options import BrokerUrl
 
 #: The CloudEvents HTTP binding names attribute headers `ce-<name>`.
@@ -163,6 +163,10 @@ class HttpPublisher:
     async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
         if self._client is None:
             raise ConfigurationError("HttpPublisher.publish called before start()")
+        refused = _refused(messages)
+        if refused:  # each alone, never in a request: see `envelope.check_stored_headers`
+            sent = iter(await self.publish([m for i, m in enumerate(messages) if i not in refused]))
+            return [refused.get(i) or next(sent) for i in range(len(messages))]
         if not self._batch:
             return list(await asyncio.gather(*(self._post_one(m) for m in messages)))
         by_topic: dict[str, list[int]] = {}
@@ -237,6 +241,19 @@ def _binary_headers(message: StoredMessage, source: str) -> list[tuple[bytes, by
         if name.lower() not in taken  # never let a header pose as an attribute
     )
     return found + list(own)
+
+
+def _refused(messages: Sequence[StoredMessage]) -> dict[int, PublishResult]:
+    """The messages with a header of their own that takes a name of the envelope or of
+    HTTP (rows `Message` did not write), by index, each failed for good."""
+    refused = {}
+    for index, message in enumerate(messages):
+        if message.headers:
+            try:
+                envelope.check_stored_headers(message)
+            except InvalidHeadersError as error:
+                refused[index] = permanent(str(error))
+    return refused
 
 
 def _percent_encode(value: str) -> str:

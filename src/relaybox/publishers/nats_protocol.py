@@ -13,8 +13,11 @@ and every NATS client read them alike:
     NATS/1.0\\r\\n<name>: <value>\\r\\n ... \\r\\n<payload>\\r\\n
 
 as nats-py 2.16 encodes headers: names must be RFC 7230 tokens (else `BadHeaderError`),
-empty names after stripping are skipped, values are stripped and CR/LF become spaces
-(so no value can end its line early or inject a protocol command).
+values are stripped and CR/LF become spaces (so no value can end its line early or
+inject a protocol command). Where nats-py strips a name and skips an empty one, this
+refuses both: stripped, " Nats-Msg-Id" would become a second `Nats-Msg-Id`, with which
+JetStream drops other messages as copies of one (`relaybox.core.envelope` refuses such
+headers long before, this is the last line).
 
 A JetStream PubAck is JSON; most replies are `{"stream":"S","seq":N}`, and parsing
 each with `json.loads` is a measurable cost per message. `is_plain_ack` recognises them
@@ -46,7 +49,8 @@ _ERROR_KEY = b'"error"'
 def header_block(headers: Mapping[str, str]) -> bytes:
     """`NATS/1.0`, one `name: value` line per header, an empty line: nats-py's bytes.
 
-    Raises `BadHeaderError` for a name that is not a token, as nats-py does.
+    Raises `BadHeaderError` for a name that is not a token, as nats-py does, and for
+    one that nats-py would strip or skip.
     """
     lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
     tokens = all(headers) and _NAME.fullmatch("".join(headers)) is not None
@@ -74,13 +78,11 @@ def _plain(lines: str, values: list[str]) -> bool:
 
 
 def _careful_lines(headers: Mapping[str, str]) -> str:
-    """nats-py's rules one header at a time, for the rare block the fast path refuses."""
+    """nats-py's rules one header at a time (but no name stripped), for the rare block the
+    fast path refuses."""
     lines = []
-    for raw_name, value in headers.items():
-        name = raw_name.strip()
-        if not name:
-            continue
-        if _NAME.fullmatch(name) is None:
+    for name, value in headers.items():
+        if _NAME.fullmatch(name) is None:  # never stripped: see the module docstring
             raise BadHeaderError(name)
         lines.append(f"{name}: {value.strip().translate(_NEWLINES)}\r\n")
     return "".join(lines)
