@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aio_pika
@@ -108,6 +108,11 @@ class AmqpHarness(ConsumerHarness):
     async def publish_undecodable(self) -> None:
         """A message that is no relaybox envelope: no CloudEvents id."""
         message = aio_pika.Message(b"no envelope", headers={"app": "shop"})
+        await (await self.channel()).default_exchange.publish(message, self.topic)
+
+    async def publish_envelope(self, attributes: Mapping[str, str], payload: bytes) -> None:
+        headers: dict[str, Any] = {f"cloudEvents:{k}": v for k, v in attributes.items()}
+        message = aio_pika.Message(payload, headers=headers)
         await (await self.channel()).default_exchange.publish(message, self.topic)
 
     async def count(self, name: str | None = None) -> int:

@@ -35,10 +35,12 @@ from tests.brokers.conformance import outcomes, started
 from tests.brokers.harness import stored, unique_topic
 from tests.brokers.test_kafka import TansuProcess, _wait_port_sync
 from tests.consumers.conformance import (
+    DEEP_JSON,
     Run,
     check_one_applied_while_the_other_waited,
     failing_once,
     idle_consumer,
+    out_of_bounds,
     timed,
 )
 from tests.inbox.support import InboxWorld, wait_until
@@ -331,6 +333,34 @@ async def test_an_unreadable_record_is_rejected_and_does_not_block_the_partition
     assert receiver.rejected == 1
     assert receiver.retried == 0
     assert world.effects() == {str(m.id): 1 for m in behind}
+
+
+async def test_an_envelope_out_of_bounds_is_rejected_and_its_partition_goes_on(
+    kafka: Kafka, world: InboxWorld
+) -> None:
+    """As the conformance case of the other brokers: rejected for good when decoded,
+    or parked at the first attempt (the deep payload); the partition goes on."""
+    hostile = out_of_bounds(carries_nul=True)
+    for attributes in hostile:  # the same record key as the rest: the same partition
+        await kafka.produce_raw(
+            b"k", b"{}", [(f"ce_{n}", v.encode()) for n, v in attributes.items()]
+        )
+    deep = stored(kafka.topic, key="k", payload=DEEP_JSON, seq=10)
+    good = stored(kafka.topic, key="k", seq=11)
+    await kafka.publish(deep, good)
+
+    async def parse(message: Incoming) -> None:
+        message.json()
+
+    consumer = world.consumer(mode="watermark", before_effect=parse)
+    async with kafka.consumer(consumer) as receiver:
+        await wait_until(lambda: consumer.applied + consumer.parked == 2)
+        await kafka.wait_all_acknowledged()
+    assert (receiver.rejected, receiver.retried) == (len(hostile), 0)
+    assert world.effects() == {str(good.id): 1}
+    ((parked_id, reason, attempts, error, _, _),) = world.parked()
+    assert (parked_id, reason, attempts) == (str(deep.id), "invalid", 1)
+    assert "deeper than" in error
 
 
 async def test_stopping_while_a_partition_waits_to_retry_loses_nothing(

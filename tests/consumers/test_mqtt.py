@@ -14,7 +14,7 @@ import asyncio
 import logging
 import shutil
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiomqtt
@@ -86,6 +86,15 @@ class MqttHarness(ConsumerHarness):
         host, port = self.url.removeprefix("mqtt://").split(":")
         async with aiomqtt.Client(host, int(port), protocol=aiomqtt.ProtocolVersion.V5) as client:
             await client.publish(self.topic, b"no envelope", qos=1)
+
+    carries_nul = False
+
+    async def publish_envelope(self, attributes: Mapping[str, str], payload: bytes) -> None:
+        host, port = self.url.removeprefix("mqtt://").split(":")
+        properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        properties.UserProperty = list(attributes.items())
+        async with aiomqtt.Client(host, int(port), protocol=aiomqtt.ProtocolVersion.V5) as client:
+            await client.publish(self.topic, payload, qos=1, properties=properties)
 
     async def check_settled(self, *consumers: BrokerConsumer) -> None:
         for consumer in consumers:

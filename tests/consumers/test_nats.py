@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,10 @@ class NatsHarness(ConsumerHarness):
 
     async def publish_undecodable(self) -> None:
         await self.js.publish(self.topic, b"no envelope", headers={"app": "shop"})
+
+    async def publish_envelope(self, attributes: Mapping[str, str], payload: bytes) -> None:
+        headers = {f"ce-{name}": value for name, value in attributes.items()}
+        await self.js.publish(self.topic, payload, headers=headers)
 
     async def settled(self, durable: str = "billing") -> bool:
         """Nothing waits to be delivered or acknowledged on `durable`."""

@@ -8,7 +8,7 @@ a message id is simply published twice. A restart case runs on a private redis-s
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
 import pytest
@@ -68,6 +68,9 @@ class RedisHarness(ConsumerHarness):
 
     async def publish_undecodable(self) -> None:
         await self.client.xadd(self.topic, {"data": b"no envelope", "h_x-app": "shop"})
+
+    async def publish_envelope(self, attributes: Mapping[str, str], payload: bytes) -> None:
+        await self.client.xadd(self.topic, {"data": payload, **attributes})
 
     async def held(self) -> int:
         return int(await self.client.xlen(self.topic))
