@@ -277,6 +277,22 @@ async def test_routes_through_the_url_exchange(shared: RabbitHarness) -> None:
         await exchange.delete()
 
 
+async def test_a_message_amqp_cannot_encode_fails_alone(shared: RabbitHarness) -> None:
+    """A short-string property over 255 bytes or text that is not UTF-8 (a row `Message`
+    did not write) used to raise out of publish(), failing every message of the call."""
+    topic = unique_topic()
+    await shared.prepare(topic)
+    unsendable = [
+        stored(topic, type="é" * 200), stored(topic, correlation_id="é" * 200),
+        stored(topic, content_type="é" * 200), stored(topic, key="\ud800"),
+    ]  # fmt: skip
+    good = stored(topic)
+    async with started(shared.publisher()) as publisher:
+        results = await publisher.publish([*unsendable, good])
+    assert outcomes(results) == [Outcome.PERMANENT] * 4 + [Outcome.ACKED]
+    assert [r.id for r in await shared.wait_for(topic, 1)] == [str(good.id)]
+
+
 async def test_a_message_over_max_message_size_fails_alone() -> None:
     """RabbitMQ closes the channel over it; the others in flight must not be blamed.
 

@@ -25,7 +25,7 @@ from relaybox.consumers import nats as nats_consumer
 from relaybox.core import envelope
 from relaybox.core.publishing import Outcome
 from relaybox.core.records import StoredMessage
-from relaybox.errors import EnvelopeError
+from relaybox.errors import EnvelopeError, MessageError
 from relaybox.publishers import amqp, file, kafka, mqtt, nats, redis
 from relaybox.publishers.memory import MemoryPublisher
 from tests.brokers.harness import stored
@@ -193,3 +193,31 @@ def test_an_mqtt_attribute_twice_is_refused() -> None:
     message = aiomqtt.Message("orders", b"{}", 1, False, 1, properties)
     with pytest.raises(EnvelopeError, match="twice"):
         mqtt_consumer.decode(message)
+
+
+@pytest.mark.parametrize(
+    "field", ["key", "type", "content_type", "correlation_id", "causation_id", "tenant_id",
+              "aggregate_id"],
+)  # fmt: skip
+@pytest.mark.parametrize("value", ["k ", " k", "k\r", "k\nk", "\tk", "k\x1b", "k\xa0", "k\x7f"])
+def test_an_attribute_nats_would_change_is_refused(field: str, value: str) -> None:
+    """NATS strips a header value and turns its line breaks into spaces: "k" and "k "
+    would reach a consumer as one key (one lane of a watermark inbox, where a message of
+    one is then skipped as a copy of the other's)."""
+    with pytest.raises(MessageError, match=field):
+        Message(topic="orders", **{field: value})
+
+
+@pytest.mark.parametrize("field", ["type", "content_type", "correlation_id"])
+def test_an_amqp_short_string_over_255_bytes_is_refused(field: str) -> None:
+    with pytest.raises(MessageError, match="255 bytes"):
+        Message(topic="orders", **{field: "é" * 128})
+    assert Message(topic="orders", **{field: "é" * 127}) is not None
+
+
+def test_attributes_every_broker_carries_pass() -> None:
+    message = Message(
+        topic="orders", key="k\tk", type="order paid", correlation_id="é" * 100,
+        tenant_id="t" * 255,
+    )  # fmt: skip
+    assert (message.key, message.type) == ("k\tk", "order paid")

@@ -279,19 +279,25 @@ def _check_value(name: str, value: object) -> None:
         )
     if len(value) > MAX_HEADER_VALUE:
         raise InvalidHeadersError(f"header {name!r} is longer than {MAX_HEADER_VALUE} characters")
+    problem = value_problem(value)
+    if problem is not None:
+        raise InvalidHeadersError(f"header {name!r} {problem}")
+
+
+def value_problem(value: str) -> str | None:
+    """Why `value` would not reach a consumer as it is on every broker, if it would not:
+    the rule for header values and for attributes a message sets (key, type, ids)."""
     if _CONTROL.search(value):
-        raise InvalidHeadersError(
-            f"header {name!r} contains a control character (CR, LF, NUL...), which could "
-            "end its header line early"
+        return (
+            "contains a control character (CR, LF, NUL...), which could end its header line early"
         )
     if value != value.strip():
-        raise InvalidHeadersError(
-            f"header {name!r} begins or ends with whitespace, which HTTP and NATS strip"
-        )
+        return "begins or ends with whitespace, which HTTP and NATS strip"
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise InvalidHeadersError(f"header {name!r} is not valid Unicode text: {error}") from None
+        return f"is not valid Unicode text: {error}"
+    return None
 
 
 def check_stored_headers(message: StoredMessage) -> None:

@@ -141,7 +141,7 @@ class Incoming:
             content_type=content_type or attributes.get("datacontenttype"),
             topic=topic,
             time=_time(attributes.get("time")),
-            key=attributes.get("partitionkey") or attributes.get("subject") or key,
+            key=_first(attributes.get("partitionkey"), attributes.get("subject"), key),
             partition=_integer(attributes, "partition", MAX_PARTITION),
             sequence=_integer(attributes, "sequence", MAX_SEQUENCE),
             correlation_id=attributes.get("correlationid"),
@@ -249,6 +249,11 @@ def _integer(attributes: Mapping[str, str], name: str, limit: int) -> int | None
             f"attribute {name}={_excerpt(value)} is not a whole number from 0 to {limit}"
         )
     return int(value)
+
+
+def _first(*values: str | None) -> str | None:
+    """The first that is there, an empty one too: a key "" is a key."""
+    return next((value for value in values if value is not None), None)
 
 
 def _time(value: str | None) -> datetime.datetime | None:

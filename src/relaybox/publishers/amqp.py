@@ -26,8 +26,9 @@ Outcomes:
 - the broker acked -> ACKED.
 - returned because no queue is bound for the routing key -> PERMANENT ("unroutable").
 - a message with a header of its own that takes a name of the envelope or of the
-  broker (`relaybox.core.envelope`: a row not written by `Message`) -> PERMANENT,
-  never sent.
+  broker (`relaybox.core.envelope`: a row not written by `Message`), or one that AMQP
+  cannot encode (a type, content type or correlation id over the 255 bytes of a short
+  string, text that is not UTF-8) -> PERMANENT, never sent.
 - a channel error caused by one message (larger than the broker's max_message_size,
   access refused, exchange gone) -> PERMANENT. Such an error closes the channel and
   fails every message in flight on it, so those are sent again one at a time on a
@@ -252,6 +253,8 @@ class AmqpPublisher:
             return self._lost(error)
         if isinstance(error, _CONNECTION_ERRORS):
             return unavailable(f"connection to RabbitMQ lost: {_describe(error)}")
+        if isinstance(error, TypeError | ValueError):  # pamqp cannot encode it, nor ever will
+            return permanent(f"RabbitMQ cannot carry this message: {_describe(error)}")
         raise error
 
     def _lost(self, error: BaseException) -> PublishResult | _ChannelLost:
