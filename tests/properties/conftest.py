@@ -23,6 +23,6 @@ settings.register_profile(
 settings.register_profile(
     "relaybox-fuzz",
     parent=settings.get_profile("relaybox"),
-    max_examples=int(os.environ.get("RELAYBOX_FUZZ_EXAMPLES", "20000")),
+    max_examples=int(os.environ.get("RELAYBOX_FUZZ_EXAMPLES", "4000")),
 )
 settings.load_profile("relaybox-fuzz" if os.environ.get("RELAYBOX_FUZZ") else "relaybox")

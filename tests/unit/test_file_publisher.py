@@ -52,3 +52,17 @@ def test_unknown_or_bad_options_are_configuration_errors() -> None:
         open_publisher("file:///tmp/x.jsonl?delay=soon")
     with pytest.raises(ConfigurationError, match="no publisher for broker URL scheme 'gopher'"):
         open_publisher("gopher://x")
+
+
+async def test_a_row_it_cannot_write_fails_alone(tmp_path: Path) -> None:
+    """Rows `Message` would not have made (a header posing as an attribute, text that is
+    not Unicode) used to raise out of publish(), failing the whole call."""
+    out = tmp_path / "out.jsonl"
+    publisher = open_publisher(f"file://{out}")
+    posing, broken = stored("orders", headers={"id": "forged"}), stored("orders", key="\ud800")
+    good = stored("orders")
+    await publisher.start()
+    results = await publisher.publish([posing, good, broken])
+    await publisher.close()
+    assert [r.outcome for r in results] == [Outcome.PERMANENT, Outcome.ACKED, Outcome.PERMANENT]
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [str(good.id)]

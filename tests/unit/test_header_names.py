@@ -47,6 +47,8 @@ RESERVED = [
     "content-type", "Content-Length", "Content-Encoding", "Transfer-Encoding", "Host",
     "Connection", "Authorization", "Proxy-Authorization", "te", "Upgrade", "User-Agent",
     "Relaybox-Signature", "relaybox-topic",
+    # the trace context in another case: the trace context on HTTP only
+    "TRACEPARENT", "TraceState",
 ]  # fmt: skip
 MALFORMED = [
     " Nats-Msg-Id", " ce-id", "ce-id ", "\tid", "a b", "a:b", "cloudEvents:id", "", "é",

@@ -231,6 +231,11 @@ def _new_name(name: object) -> str:
     lower = name.lower()
     if lower in RESERVED_HEADER_NAMES or lower.startswith(RESERVED_HEADER_PREFIXES):
         raise InvalidHeadersError(_reserved(name))
+    if lower in TRACE_HEADERS and name != lower:  # HTTP would read it as the trace context
+        raise InvalidHeadersError(
+            f"header name {name!r}: write the trace context's headers in lower case, "
+            f"{lower!r}, as every broker reads them"
+        )
     if type(name) is str and len(_KNOWN_NAMES) < _MAX_KNOWN_NAMES:
         _KNOWN_NAMES[name] = lower
     return lower

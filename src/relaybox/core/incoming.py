@@ -148,7 +148,7 @@ class Incoming:
             causation_id=attributes.get("causationid"),
             tenant_id=attributes.get("tenantid"),
             aggregate_id=attributes.get("aggregateid"),
-            traceparent=attributes.get("traceparent") or (headers or {}).get("traceparent"),
+            traceparent=_first(attributes.get("traceparent"), (headers or {}).get("traceparent")),
             attributes=dict(attributes),
             headers=dict(headers or {}),
             delivery_count=delivery_count,

@@ -105,18 +105,21 @@ class FilePublisher:
             await asyncio.sleep(self._delay)
         failing = self._fail_keys and time.time() < self._fail_until
         results: list[PublishResult] = []
-        lines: list[str] = []
+        lines: list[bytes] = []
         for message in messages:
             if failing and message.key in self._fail_keys:
                 results.append(transient("injected failure"))
                 continue
             try:
-                lines.append(_dumps(line(message, self.source)) + "\n")
+                lines.append((_dumps(line(message, self.source)) + "\n").encode("utf-8"))
             except InvalidHeadersError as error:  # a stored row's header poses as the envelope's
                 results.append(permanent(str(error)))
                 continue
+            except UnicodeEncodeError as error:  # a stored row's text that is not Unicode
+                results.append(permanent(f"the line cannot be written as UTF-8: {error}"))
+                continue
             results.append(ACKED)
-        view = memoryview("".join(lines).encode("utf-8"))
+        view = memoryview(b"".join(lines))
         while view:  # a regular file takes it all in one go; be sure anyway
             view = view[os.write(self._fd, view) :]
         if self._fsync:

@@ -239,11 +239,13 @@ class KafkaPublisher:
     ) -> PublishResult | _NoAnswer | asyncio.Future[Any]:
         if not valid_topic(message.topic):
             return permanent(f"invalid Kafka topic name {message.topic!r}")
-        key = message.key.encode("utf-8") if message.key is not None else None
         try:
+            key = message.key.encode("utf-8") if message.key is not None else None
             headers = wire_headers(message, self._source)
         except InvalidHeadersError as error:  # a stored row's header poses as the envelope's
             return permanent(str(error))
+        except UnicodeEncodeError as error:  # a stored row's text that is not Unicode
+            return permanent(f"the record cannot be sent as UTF-8: {error}")
         try:
             # send() waits for the topic's metadata and for room in aiokafka's buffer.
             async with asyncio.timeout_at(deadline):
