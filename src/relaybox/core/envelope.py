@@ -23,6 +23,7 @@ header can replace, duplicate or pose as anything of the envelope on any broker.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import re
 from collections.abc import Mapping
@@ -173,16 +174,51 @@ def headers(message: StoredMessage, prefix: str, source: str = DEFAULT_SOURCE) -
 
 def structured(message: StoredMessage, source: str = DEFAULT_SOURCE) -> dict[str, object]:
     """The message as a CloudEvent in structured JSON mode: `data` when the payload is
-    JSON (by its content type, and in fact), else `data_base64`."""
+    JSON (by its content type, and in fact) that encodes back to UTF-8 JSON text,
+    else `data_base64` (the bytes as they are)."""
     event: dict[str, object] = dict(attributes(message, source))
     event["datacontenttype"] = message.content_type
     try:
         if not is_json(message.content_type):
             raise ValueError(message.content_type)
-        event["data"] = json.loads(message.payload)
+        event["data"] = _json_data(message.payload)
     except ValueError:  # not JSON, or not what its content type claims: the bytes as they are
         event["data_base64"] = base64.b64encode(message.payload).decode("ascii")
     return event
+
+
+def _json_data(payload: bytes) -> object:
+    """The JSON payload decoded, if it encodes back: `ValueError` for one that is not
+    JSON, nests deeper than MAX_JSON_DEPTH (decoding or encoding it again would exhaust
+    the stack) or holds half a surrogate pair (no UTF-8 can carry it)."""
+    text = payload.decode(json.detect_encoding(payload))
+    if nests_deeper_than(text, MAX_JSON_DEPTH):
+        raise ValueError("nested too deeply")
+    data = json.loads(text)
+    if _SURROGATE_ESCAPE.search(text):  # a pair (an emoji) or half of one: which?
+        json.dumps(data, ensure_ascii=False).encode()  # UnicodeEncodeError is a ValueError
+    return data
+
+
+#: The deepest nesting of JSON arrays and objects relaybox decodes, or encodes again.
+MAX_JSON_DEPTH = 200
+#: A JSON escape of a UTF-16 surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+#: A JSON string (unrolled: no backtracking), whose brackets are no nesting.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEPS = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def nests_deeper_than(text: str, limit: int) -> bool:
+    """Whether JSON `text` nests arrays and objects deeper than `limit`: counted only
+    when it has that many opening brackets at all, outside its strings."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    return max(itertools.accumulate(map(_STEPS.__getitem__, brackets)), default=0) > limit
 
 
 def checked_headers(headers: object) -> dict[str, str]:

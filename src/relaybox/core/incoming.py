@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import itertools
 import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from relaybox.core import envelope
-from relaybox.core.envelope import DEFAULT_SOURCE, is_json
+from relaybox.core.envelope import DEFAULT_SOURCE, MAX_JSON_DEPTH, is_json, nests_deeper_than
 from relaybox.core.message import Message
 from relaybox.errors import EnvelopeError, InvalidHeadersError
 
@@ -48,8 +47,6 @@ MAX_ENVELOPE_LENGTH = 1024 * 1024
 MAX_SEQUENCE = 2**63 - 1
 #: The largest partition: the outbox's 32-bit column's.
 MAX_PARTITION = 2**31 - 1
-#: The deepest nesting of JSON arrays and objects `parse_json` decodes.
-MAX_JSON_DEPTH = 200
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -287,7 +284,7 @@ def parse_json(data: bytes | str, what: str = "the payload") -> Any:
         )
     except UnicodeDecodeError as exc:
         raise EnvelopeError(f"{what} is not JSON: {exc}") from None
-    if _deeper_than(text, MAX_JSON_DEPTH):
+    if nests_deeper_than(text, MAX_JSON_DEPTH):
         raise EnvelopeError(f"{what} nests JSON arrays and objects deeper than {MAX_JSON_DEPTH}")
     try:
         return json.loads(text)
@@ -295,18 +292,3 @@ def parse_json(data: bytes | str, what: str = "the payload") -> Any:
         raise EnvelopeError(f"{what} is not JSON: {exc}") from None
     except RecursionError:  # called with the stack nearly full already
         raise EnvelopeError(f"{what} nests JSON too deeply for this stack") from None
-
-
-#: A JSON string (unrolled: no backtracking), whose brackets are no nesting.
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-_STEPS = {"[": 1, "{": 1, "]": -1, "}": -1}
-
-
-def _deeper_than(text: str, limit: int) -> bool:
-    """Whether JSON `text` nests arrays and objects deeper than `limit`: counted only
-    when it has that many opening brackets at all, outside its strings."""
-    if text.count("[") + text.count("{") <= limit:
-        return False
-    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
-    return max(itertools.accumulate(map(_STEPS.__getitem__, brackets)), default=0) > limit
