@@ -19,9 +19,12 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from relaybox import InvalidHeadersError, Message
+from relaybox.consumers import amqp as amqp_consumer
+from relaybox.consumers import http as http_consumer
 from relaybox.consumers import kafka as kafka_consumer
 from relaybox.consumers import mqtt as mqtt_consumer
 from relaybox.consumers import nats as nats_consumer
+from relaybox.consumers import redis as redis_consumer
 from relaybox.core import envelope
 from relaybox.core.publishing import Outcome
 from relaybox.core.records import StoredMessage
@@ -181,18 +184,13 @@ def test_a_nats_header_cannot_replace_the_id_a_consumer_decodes() -> None:
 
 
 def test_a_kafka_attribute_twice_is_refused() -> None:
-    class Record:
-        topic, partition, offset, key, value = "orders", 0, 0, None, b"{}"
-        headers = [("ce_id", b"real"), ("ce_type", b"t"), ("ce_id", b"forged")]
-
+    record = KafkaRecord([("ce_id", b"real"), ("ce_type", b"t"), ("ce_id", b"forged")])
     with pytest.raises(EnvelopeError, match="twice"):
-        kafka_consumer.decode(Record())
+        kafka_consumer.decode(record)
 
 
 def test_an_mqtt_attribute_twice_is_refused() -> None:
-    properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-    properties.UserProperty = [("id", "real"), ("type", "t"), ("id", "forged")]
-    message = aiomqtt.Message("orders", b"{}", 1, False, 1, properties)
+    message = mqtt_delivery([("id", "real"), ("type", "t"), ("id", "forged")])
     with pytest.raises(EnvelopeError, match="twice"):
         mqtt_consumer.decode(message)
 
@@ -223,3 +221,45 @@ def test_attributes_every_broker_carries_pass() -> None:
         tenant_id="t" * 255,
     )  # fmt: skip
     assert (message.key, message.type) == ("k\tk", "order paid")
+
+
+#: Half a surrogate pair as bytes: no UTF-8, whatever a client makes of it.
+NOT_UTF8 = b"\xed\xa0\x80"
+
+
+def test_an_id_that_is_not_utf8_is_refused_by_every_decoder() -> None:
+    """Clients replace bytes that are not UTF-8 (nats-py, pamqp's fallback, HTTP): two
+    such ids would read as one, and the second be skipped as the first one's copy."""
+    block = b"ce-id: " + NOT_UTF8 + b"\r\nce-type: t\r\n"
+    checks: list[Callable[[], object]] = [
+        lambda: nats_consumer.decode(nats_delivery(block)),
+        lambda: kafka_consumer.decode(KafkaRecord([("ce_id", NOT_UTF8)])),
+        lambda: redis_consumer.decode({b"id": NOT_UTF8, b"data": b"{}"}),
+        lambda: amqp_consumer.decode(AmqpDelivery({"cloudEvents:id": NOT_UTF8})),  # type: ignore[arg-type]
+        lambda: http_consumer.decode_request([(b"ce-id", NOT_UTF8)], b"{}"),
+        lambda: http_consumer.decode_request([(b"ce-id", b"%ED%A0%80")], b"{}"),
+        lambda: mqtt_consumer.decode(mqtt_delivery([("id", "\ud800")])),
+    ]
+    for check in checks:
+        with pytest.raises(EnvelopeError):
+            check()
+
+
+class KafkaRecord:
+    topic, partition, offset, key, value = "orders", 0, 0, None, b"{}"
+
+    def __init__(self, headers: list[tuple[str, bytes]]) -> None:
+        self.headers = headers
+
+
+class AmqpDelivery:
+    body, content_type, routing_key, redelivered = b"{}", None, "orders", False
+
+    def __init__(self, headers: dict[str, object]) -> None:
+        self.headers = headers
+
+
+def mqtt_delivery(pairs: list[tuple[str, str]]) -> aiomqtt.Message:
+    properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    properties.UserProperty = pairs
+    return aiomqtt.Message("orders", b"{}", 1, False, 1, properties)

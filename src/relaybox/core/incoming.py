@@ -10,9 +10,11 @@ causation and correlation carried over.
 What comes off the wire is checked here, in one place, whoever decoded it: an
 `Incoming` cannot be made (`EnvelopeError`) with a field the inbox could not store as
 it is or a handler could not read. Every text is valid Unicode without NUL and fits
-its column (`MAX_*_LENGTH`); the sequence and the partition are whole numbers written
-in ASCII digits that fit their columns; the payload decodes as JSON only within
-`MAX_JSON_DEPTH` levels of nesting (`parse_json`). A message that breaks any of these
+its column (`MAX_*_LENGTH`); the id, source and key hold no U+FFFD (bytes that were
+not UTF-8, which several broker clients replace, so two ids would read as one); the
+sequence and the partition are whole numbers written in ASCII digits that fit their
+columns; the payload decodes as JSON only within `MAX_JSON_DEPTH` levels of nesting
+(`parse_json`). A message that breaks any of these
 can never be applied, so the broker consumers reject it for good, and a database
 never sees it: no error to retry for ever, no value clamped or cut into another one.
 """
@@ -84,6 +86,12 @@ class Incoming:
             raise EnvelopeError("a received message needs a non-empty id")
         check_text("the message id", self.id, MAX_ID_LENGTH)
         check_text("the source", self.source, MAX_ID_LENGTH)
+        for what, value in (("id", self.id), ("source", self.source), ("key", self.key)):
+            if value is not None and _REPLACED in value:
+                raise EnvelopeError(
+                    f"the message {what} {_excerpt(value)} holds U+FFFD, what a decoder makes "
+                    "of bytes that are not UTF-8: two such ids or keys could read as one"
+                )
         check_text("the type", self.type, MAX_TEXT_LENGTH)
         check_text("the topic", self.topic, MAX_TOPIC_LENGTH)
         for name in _OPTIONAL_TEXTS:
@@ -194,6 +202,8 @@ _OPTIONAL_TEXTS = (
 #: What no text stored or handed on may hold: NUL, or half of a surrogate pair (which
 #: cannot be encoded: the text was no valid UTF-8).
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+#: The replacement character, which broker clients put for bytes that are not UTF-8.
+_REPLACED = "\ufffd"
 #: A whole number as relaybox writes one: ASCII digits, 19 at most.
 _DIGITS = re.compile(r"[0-9]{1,19}")
 
