@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.header
 import functools
 import logging
 from collections.abc import Mapping
@@ -89,9 +90,7 @@ def decode(message: Msg | RawStreamMsg) -> Incoming:
     make it another message's copy.
     """
     received: Mapping[str, str] = {
-        # nats-py's get_msg reads headers with the email parser, which gives a non-ASCII
-        # value as an email Header: its text, with what it could not decode replaced.
-        name: value if isinstance(value, str) else str(value)
+        name: value if isinstance(value, str) else _header_text(value)
         for name, value in (message.headers or {}).items()
     }
     attributes, others = envelope.split(received, PREFIX)
@@ -110,6 +109,15 @@ def decode(message: Msg | RawStreamMsg) -> Incoming:
         topic=message.subject or "",
         delivery_count=_delivery_count(message),
     )
+
+
+def _header_text(value: object) -> str:
+    """A header value nats-py's `get_msg` read with the email parser, which gives a
+    non-ASCII one as an email `Header`: its bytes, read as UTF-8 (as a delivered
+    message's are)."""
+    parts = email.header.decode_header(value)  # type: ignore[arg-type]
+    raw = b"".join(part if isinstance(part, bytes) else part.encode() for part, _ in parts)
+    return raw.decode("utf-8", "replace")
 
 
 def _delivery_count(message: Msg | RawStreamMsg) -> int | None:
