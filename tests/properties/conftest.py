@@ -2,15 +2,21 @@
 every test run (seconds), many thousands under `make fuzz` (RELAYBOX_FUZZ=1, about five
 minutes for all of them; RELAYBOX_FUZZ_EXAMPLES sets how many a property gets).
 
-No example database: a test run leaves nothing behind. A failure prints the example
-and the `@reproduce_failure` line that replays it.
+No example database, and hypothesis' caches in a temporary directory removed at exit:
+a test run leaves nothing behind. A failure prints the example and the
+`@reproduce_failure` line that replays it.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 
 from hypothesis import HealthCheck, settings
+from hypothesis.configuration import set_hypothesis_home_dir
+
+_CACHES = tempfile.TemporaryDirectory(prefix="relaybox-hypothesis-")  # removed at exit
+set_hypothesis_home_dir(_CACHES.name)
 
 settings.register_profile(
     "relaybox",
