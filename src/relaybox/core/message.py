@@ -98,17 +98,17 @@ class Message:
         # calls fewer in every business transaction, where each call counts.
         if len(topic) > _MAX_TOPIC or not topic.isascii() or "\x00" in topic:
             _check_text("topic", topic, _MAX_TOPIC)
-        # The key and the type travel as header values: printable ASCII, nothing to strip
-        # (`strip` gives the very string back then) passes at once; `_check_value` says
-        # what is wrong with the rest, or lets it pass.
+        # The key and the type travel as header values: printable ASCII without spaces
+        # passes at once; `_check_value` says what is wrong with the rest (a space at
+        # either end, a control character...), or lets it pass.
         if key is not None and (
             builtins.type(key) is not str or len(key) > _MAX_KEY
-            or not key.isascii() or not key.isprintable() or key.strip() is not key
+            or not key.isascii() or not key.isprintable() or " " in key
         ):  # fmt: skip
             _check_value("key", key, _MAX_KEY)
         if type is not None and (
             builtins.type(type) is not str or len(type) > _MAX_TOPIC
-            or not type.isascii() or not type.isprintable() or type.strip() is not type
+            or not type.isascii() or not type.isprintable() or " " in type
         ):  # fmt: skip
             _check_value("type", type, _MAX_TOPIC, _MAX_SHORT_BYTES)
         if content_type is not None:
