@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install check lint types imports test demo bench chaos soak clean
+.PHONY: install check lint types imports test fuzz demo bench chaos soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ check: lint types imports
 # processes, and each makes its own tables, streams, ports and servers.
 test: check
 	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadfile
+
+# The property tests (tests/properties) with many examples each: every decoder fed what a
+# hostile producer could send, every header mapping through every broker; about five
+# minutes. `make test` runs the same properties with a few hundred examples each.
+fuzz: install
+	RELAYBOX_FUZZ=1 $(BIN)/pytest -q -p no:cacheprovider tests/properties
 
 demo: install
 	$(BIN)/relaybox demo

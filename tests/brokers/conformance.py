@@ -108,7 +108,7 @@ class PublisherConformance:
         traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
         message = stored(
             topic, key="order-7", payload=b'{"total": 12.5, "name": "caf\xc3\xa9"}',
-            headers={"x-app": "shop", "traceparent": traceparent},
+            headers={"app": "shop", "traceparent": traceparent},
             correlation_id="corr-1", causation_id="cause-1", tenant_id="tenant-9",
             aggregate_id="order-7", attempts=2,
         )  # fmt: skip
@@ -121,7 +121,7 @@ class PublisherConformance:
         assert got.attributes["traceparent"] == traceparent
         assert got.attributes["sequence"] == str(message.seq)
         assert got.attributes["correlationid"] == "corr-1"
-        assert got.headers["x-app"] == "shop"
+        assert got.headers["app"] == "shop"
         if got.key is not None:
             assert got.key == "order-7"
 

@@ -244,6 +244,19 @@ async def test_a_message_without_key_is_published(shared: KafkaHarness) -> None:
     assert "subject" not in got.attributes
 
 
+async def test_a_row_kafka_cannot_carry_fails_alone(shared: KafkaHarness) -> None:
+    """Rows `Message` would not have made (a header posing as an attribute, a key that
+    is not Unicode) fail for good alone; the key used to raise out of publish()."""
+    topic = unique_topic()
+    await shared.prepare(topic)
+    posing, broken = stored(topic, headers={"ce_id": "forged"}), stored(topic, key="\ud800")
+    good = stored(topic)
+    async with started(shared.publisher()) as publisher:
+        results = await publisher.publish([posing, broken, good])
+    assert outcomes(results) == [Outcome.PERMANENT, Outcome.PERMANENT, Outcome.ACKED]
+    assert [r.id for r in await shared.wait_for(topic, 1)] == [str(good.id)]
+
+
 def test_parses_its_url_options() -> None:
     publisher = open_publisher(
         "kafka://a:1,b?timeout=2&idempotence=false&client_id=x&compression=gzip"

@@ -24,7 +24,9 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StreamConfig
 
+from relaybox import InvalidHeadersError, Message, Relay
 from relaybox.consumers.nats import decode
+from relaybox.core.lifecycle import Status
 from relaybox.core.publishing import Outcome, PublisherFeatures
 from relaybox.core.records import StoredMessage
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
@@ -42,6 +44,7 @@ from tests.brokers.harness import (
     unique_topic,
     wait_port,
 )
+from tests.relay_support import eventually, fast_settings, outbox_db, rows
 
 SHARED_URL = "nats://127.0.0.1:4222"
 #: nats-server's default max_payload (the shared server's INFO says so too).
@@ -209,7 +212,7 @@ async def test_a_bad_subject_or_header_fails_permanently_alone(shared: NatsHarne
 async def test_does_not_mutate_the_messages(shared: NatsHarness) -> None:
     topic = unique_topic()
     await shared.prepare(topic)
-    message = stored(topic, headers={"x-app": "shop"})
+    message = stored(topic, headers={"app": "shop"})
     before = repr(message)
     async with started(shared.publisher()) as publisher:
         await publisher.publish([message])
@@ -392,7 +395,7 @@ async def test_starts_over_when_the_client_gave_up(shared: NatsHarness) -> None:
 async def test_max_payload_is_counted_exactly_with_the_headers(shared: NatsHarness) -> None:
     topic = unique_topic()
     await shared.prepare(topic)
-    probe = stored(topic, key="edge", headers={"x-app": "naïve café"})
+    probe = stored(topic, key="edge", headers={"app": "naïve café"})
     envelope_size = wire_size(probe, "relaybox") - len(probe.payload)
     fits = probe._replace(payload=b"x" * (MAX_PAYLOAD - envelope_size))
     over = probe._replace(payload=b"x" * (MAX_PAYLOAD - envelope_size + 1))
@@ -486,8 +489,8 @@ async def test_one_call_settles_each_message_from_its_own_reply(shared: NatsHarn
 async def test_text_utf8_cannot_carry_fails_its_message_alone(shared: NatsHarness) -> None:
     topic = unique_topic()
     await shared.prepare(topic)
-    broken = stored(topic, headers={"x-bad": "\ud800"})
-    wide = stored(topic, key="clé-📦", headers={"x-e": "naïve café"}, type="commande.payée")
+    broken = stored(topic, headers={"bad": "\ud800"})
+    wide = stored(topic, key="clé-📦", headers={"e": "naïve café"}, type="commande.payée")
     async with started(shared.publisher()) as publisher:
         results = await publisher.publish([broken, wide, stored(f"{topic}\udc80")])
     assert outcomes(results) == [Outcome.PERMANENT, Outcome.ACKED, Outcome.PERMANENT]
@@ -495,3 +498,63 @@ async def test_text_utf8_cannot_carry_fails_its_message_alone(shared: NatsHarnes
     # Only the id: nats-py's get_msg, which the harness reads with, returns non-ASCII
     # header values as email.header.Header objects (a delivered message has strings).
     assert got.id == str(wide.id)
+
+
+#: A header that nats-py's and relaybox's NATS frame writers used to strip into a second
+#: Nats-Msg-Id line: JetStream deduplicates by the first, the forged one.
+SPOOFED = {" Nats-Msg-Id": "same"}
+
+
+async def test_a_spoofed_message_id_header_is_refused_and_drops_no_message(
+    shared: NatsHarness,
+) -> None:
+    """Three messages with the spoofed header used to be acked as one stored message
+    and two duplicates: JetStream kept one of three."""
+    topic = unique_topic()
+    await shared.prepare(topic)
+    for key in ("a", "b", "c"):
+        with pytest.raises(InvalidHeadersError, match="token"):
+            Message(topic=topic, key=key, headers=SPOOFED)
+    spoofed = [stored(topic, key=key, headers=SPOOFED) for key in ("a", "b", "c")]
+    good = stored(topic, key="d")
+    async with started(shared.publisher()) as publisher:
+        results = await publisher.publish([*spoofed, good])
+    assert outcomes(results) == [Outcome.PERMANENT] * 3 + [Outcome.ACKED]
+    assert all("never sent" in (r.error or "") for r in results[:3])
+    assert [r.id for r in await shared.wait_for(topic, 1)] == [str(good.id)]
+
+
+async def test_a_relay_abandons_stored_rows_with_a_spoofed_message_id(
+    shared: NatsHarness, tmp_path: Path
+) -> None:
+    """Rows that hold the spoofed header (written by an older relaybox, or by hand) are
+    abandoned with why, never published and never counted as published; the others
+    are published, one stream message each."""
+    topic = unique_topic()
+    await shared.prepare(topic)
+    written = [Message(topic=topic, key=f"k{n}", payload={"n": n}) for n in range(6)]
+    outbox = outbox_db("postgresql", tmp_path)
+    db = await anext(outbox)
+    try:
+        inserts = db.routing.rows(written)
+        for index in (1, 2, 4):  # the row as an older relaybox stored it
+            inserts[index] = (*inserts[index][:9], '{" Nats-Msg-Id": "same"}', *inserts[index][10:])
+        await db.storage.write(inserts)
+        settings = fast_settings(published_retention=3600.0)
+        async with Relay(db.url, {"default": SHARED_URL}, table=db.table, settings=settings):
+            await eventually(lambda: all(row.status in FINAL for row in rows(db)))
+        statuses = {row.key: (row.status, row.last_error) for row in rows(db)}
+    finally:
+        await outbox.aclose()
+    for index, message in enumerate(written):
+        status, error = statuses[message.key]
+        if index in (1, 2, 4):
+            assert status is Status.ABANDONED
+            assert "never sent" in (error or "")
+        else:
+            assert status is Status.PUBLISHED
+    received = await shared.wait_for(topic, 3)
+    assert sorted(r.id for r in received) == sorted(str(written[i].id) for i in (0, 3, 5))
+
+
+FINAL = (Status.PUBLISHED, Status.ABANDONED)

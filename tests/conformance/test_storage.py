@@ -63,7 +63,7 @@ async def test_write_then_claim_round_trips_every_field(backend: Backend) -> Non
         key="order-1",
         type="OrderPlaced",
         payload={"total": 12.5, "items": [1, 2]},
-        headers={"x-origin": "test"},
+        headers={"origin": "test"},
         correlation_id="corr-1",
         causation_id="cause-1",
         tenant_id="tenant-a",
@@ -83,7 +83,7 @@ async def test_write_then_claim_round_trips_every_field(backend: Backend) -> Non
     assert first.type == "OrderPlaced"
     assert first.payload == original.body
     assert first.content_type == "application/json"
-    assert dict(first.headers) == {"x-origin": "test"}
+    assert dict(first.headers) == {"origin": "test"}
     assert (first.correlation_id, first.causation_id) == ("corr-1", "cause-1")
     assert (first.tenant_id, first.aggregate_id) == ("tenant-a", "agg-9")
     assert first.occurred_at == occurred

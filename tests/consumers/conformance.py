@@ -53,11 +53,11 @@ def failing_once(failing: str, attempts: list[str]) -> Hook:
 
 
 def check_carries_the_envelope(got: Incoming, message: StoredMessage, topic: str) -> None:
-    """`got` is `message`, published with headers {"x-app": "shop", "traceparent":
+    """`got` is `message`, published with headers {"app": "shop", "traceparent":
     "00-ab-cd-01"}, correlation "corr", tenant "t1" and aggregate "order-1", decoded
     with every attribute the publisher sends."""
     assert (got.id, got.payload, got.topic) == (str(message.id), message.payload, topic)
-    assert got.headers == {"x-app": "shop", "traceparent": "00-ab-cd-01"}
+    assert got.headers == {"app": "shop", "traceparent": "00-ab-cd-01"}
     assert set(got.attributes) == {
         "specversion", "id", "source", "type", "time", "subject", "partitionkey",
         "correlationid", "tenantid", "aggregateid", "traceparent", "sequence",
@@ -116,6 +116,31 @@ def check_one_applied_while_the_other_waited(runs: list[Run]) -> None:
     assert duplicate.began < applied.ended  # they overlapped: the duplicate waited on the first
 
 
+#: The attributes of a valid envelope in partition 3 (the one `stored` messages take).
+BASE_ATTRIBUTES = {
+    "specversion": "1.0", "source": "relaybox", "type": "order.created", "partition": "3",
+}  # fmt: skip
+#: A payload nested deeper than anything decodes it (json.loads ran out of stack).
+DEEP_JSON = b"[" * 10_000 + b"]" * 10_000
+
+
+def out_of_bounds(carries_nul: bool) -> list[dict[str, str]]:
+    """Envelopes with a value no inbox stores as it is, each of partition 3."""
+    found = [
+        {**BASE_ATTRIBUTES, "id": "sequence-past-int64", "sequence": str(2**63)},
+        {**BASE_ATTRIBUTES, "id": "x" * 256, "sequence": "5"},
+        {**BASE_ATTRIBUTES, "id": "key-too-long", "sequence": "6", "subject": "k" * 300,
+         "partitionkey": "k" * 300},
+        {**BASE_ATTRIBUTES, "id": "partition-past-int32", "sequence": "7",
+         "partition": str(2**31)},
+    ]  # fmt: skip
+    if carries_nul:
+        found.append({**BASE_ATTRIBUTES, "id": "nul\x00id", "sequence": "8"})
+        found.append({**BASE_ATTRIBUTES, "id": "nul-source", "source": "re\x00laybox",
+                      "sequence": "9"})  # fmt: skip
+    return found
+
+
 class ConsumerConformance:
     """Every broker consumer must pass these against its real broker."""
 
@@ -148,6 +173,36 @@ class ConsumerConformance:
         assert (first.content_type, first.sequence) == ("application/json", messages[0].seq)
         assert first.delivery_count == harness.first_delivery_count
         await harness.check_settled(consumer)
+
+    async def test_an_envelope_out_of_bounds_is_rejected_and_its_partition_goes_on(
+        self, world: InboxWorld, harness: ConsumerHarness
+    ) -> None:
+        """A value no inbox could store as it is (a sequence past 2**63 - 1, a NUL, an id
+        or key longer than its column) is rejected for good when it is decoded, and a
+        payload nested 10,000 deep is parked at its first attempt: none is retried for
+        ever, and the next message of their partition is applied by a watermark inbox."""
+        hostile = out_of_bounds(harness.carries_nul)
+        deep = stored(harness.topic, payload=DEEP_JSON, seq=10)
+        good = stored(harness.topic, seq=11)
+
+        async def parse(message: Incoming) -> None:
+            message.json()
+
+        await harness.prepare()
+        consumer = world.consumer(mode="watermark", before_effect=parse)
+        async with harness.consumer(consumer) as running:
+            for attributes in hostile:
+                await harness.publish_envelope(attributes, b"{}")
+            await harness.publish(deep, good)
+            await wait_until(lambda: running.consumer.applied + running.consumer.parked == 2)
+            await harness.settling()
+        assert running.rejected == len(hostile)
+        assert running.consumer.failures == 1  # the deep one, once
+        assert world.effects() == {str(good.id): 1}
+        ((parked_id, reason, attempts, error, _, _),) = world.parked()
+        assert (parked_id, reason, attempts) == (str(deep.id), "invalid", 1)
+        assert "deeper than" in error
+        await harness.check_settled(running)
 
     async def test_a_second_copy_is_a_duplicate_and_acknowledged(
         self, world: InboxWorld, harness: ConsumerHarness

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Self
 
 from relaybox.consumers import BrokerConsumer, Verdict
@@ -87,6 +87,14 @@ class ConsumerHarness(abc.ABC):
     @abc.abstractmethod
     async def publish_undecodable(self) -> None:
         """Put a delivery there that carries no relaybox envelope (no CloudEvents id)."""
+
+    #: The broker carries a NUL in a header value (MQTT 5 forbids it in any string).
+    carries_nul: bool = True
+
+    @abc.abstractmethod
+    async def publish_envelope(self, attributes: Mapping[str, str], payload: bytes) -> None:
+        """Put a delivery there with these CloudEvents attributes, in the broker's binding,
+        as a producer other than relaybox's publisher might."""
 
     async def held(self) -> int:
         """How many messages the broker holds for the consumers (`holds_messages`)."""

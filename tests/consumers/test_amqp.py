@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aio_pika
@@ -107,7 +107,12 @@ class AmqpHarness(ConsumerHarness):
 
     async def publish_undecodable(self) -> None:
         """A message that is no relaybox envelope: no CloudEvents id."""
-        message = aio_pika.Message(b"no envelope", headers={"x-app": "shop"})
+        message = aio_pika.Message(b"no envelope", headers={"app": "shop"})
+        await (await self.channel()).default_exchange.publish(message, self.topic)
+
+    async def publish_envelope(self, attributes: Mapping[str, str], payload: bytes) -> None:
+        headers: dict[str, Any] = {f"cloudEvents:{k}": v for k, v in attributes.items()}
+        message = aio_pika.Message(payload, headers=headers)
         await (await self.channel()).default_exchange.publish(message, self.topic)
 
     async def count(self, name: str | None = None) -> int:
@@ -168,7 +173,7 @@ class TestAmqpConsumer(ConsumerConformance):
 
 
 async def test_decode_is_the_inverse_of_the_publisher(queues: AmqpHarness) -> None:
-    message = stored(queues.topic, headers={"x-app": "shop", "traceparent": "00-ab-cd-01"},
+    message = stored(queues.topic, headers={"app": "shop", "traceparent": "00-ab-cd-01"},
                      correlation_id="corr", tenant_id="t1", aggregate_id="order-1")  # fmt: skip
     await queues.declare()
     await queues.publish(message)

@@ -145,7 +145,7 @@ async def test_binary_mode_requests_are_decoded_and_applied_once(world: InboxWor
     async def record(message: Incoming) -> None:
         received.append(message)
 
-    special = stored(topic, key="k 1", tenant_id='café "100%" ü', headers={"x-app": "naïve"},
+    special = stored(topic, key="k 1", tenant_id='café "100%" ü', headers={"app": "naïve"},
                      correlation_id="corr-1")  # fmt: skip
     binary = stored(
         topic, key="k2", payload=b"\xff\xfe\x01", content_type="application/octet-stream"
@@ -164,7 +164,7 @@ async def test_binary_mode_requests_are_decoded_and_applied_once(world: InboxWor
     assert first.source == "shop"
     assert first.correlation_id == "corr-1"
     assert first.topic == topic
-    assert first.headers == {"x-app": "naïve"}
+    assert first.headers == {"app": "naïve"}
     assert first.content_type == "application/json"
     assert first.sequence == special.seq
     assert dict(first.attributes) == envelope.attributes(special, "shop")

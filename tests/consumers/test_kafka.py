@@ -35,10 +35,12 @@ from tests.brokers.conformance import outcomes, started
 from tests.brokers.harness import stored, unique_topic
 from tests.brokers.test_kafka import TansuProcess, _wait_port_sync
 from tests.consumers.conformance import (
+    DEEP_JSON,
     Run,
     check_one_applied_while_the_other_waited,
     failing_once,
     idle_consumer,
+    out_of_bounds,
     timed,
 )
 from tests.inbox.support import InboxWorld, wait_until
@@ -160,7 +162,7 @@ async def test_each_message_is_applied_once_in_per_key_order(
 
     messages = [
         stored(kafka.topic, key=f"key-{n % 4}", payload=b'{"n": %d}' % n,
-               headers={"x-app": "shop"}, correlation_id=f"c{n}")
+               headers={"app": "shop"}, correlation_id=f"c{n}")
         for n in range(16)
     ]  # fmt: skip
     await kafka.publish(*messages)
@@ -321,7 +323,7 @@ def _key_for(partitions: set[int]) -> str:
 async def test_an_unreadable_record_is_rejected_and_does_not_block_the_partition(
     kafka: Kafka, world: InboxWorld
 ) -> None:
-    await kafka.produce_raw(b"k", b"not relaybox", [("x-app", b"other")])
+    await kafka.produce_raw(b"k", b"not relaybox", [("app", b"other")])
     behind = [stored(kafka.topic, key="k") for _ in range(2)]  # same key: same partition
     await kafka.publish(*behind)
     consumer = world.consumer()
@@ -331,6 +333,34 @@ async def test_an_unreadable_record_is_rejected_and_does_not_block_the_partition
     assert receiver.rejected == 1
     assert receiver.retried == 0
     assert world.effects() == {str(m.id): 1 for m in behind}
+
+
+async def test_an_envelope_out_of_bounds_is_rejected_and_its_partition_goes_on(
+    kafka: Kafka, world: InboxWorld
+) -> None:
+    """As the conformance case of the other brokers: rejected for good when decoded,
+    or parked at the first attempt (the deep payload); the partition goes on."""
+    hostile = out_of_bounds(carries_nul=True)
+    for attributes in hostile:  # the same record key as the rest: the same partition
+        await kafka.produce_raw(
+            b"k", b"{}", [(f"ce_{n}", v.encode()) for n, v in attributes.items()]
+        )
+    deep = stored(kafka.topic, key="k", payload=DEEP_JSON, seq=10)
+    good = stored(kafka.topic, key="k", seq=11)
+    await kafka.publish(deep, good)
+
+    async def parse(message: Incoming) -> None:
+        message.json()
+
+    consumer = world.consumer(mode="watermark", before_effect=parse)
+    async with kafka.consumer(consumer) as receiver:
+        await wait_until(lambda: consumer.applied + consumer.parked == 2)
+        await kafka.wait_all_acknowledged()
+    assert (receiver.rejected, receiver.retried) == (len(hostile), 0)
+    assert world.effects() == {str(good.id): 1}
+    ((parked_id, reason, attempts, error, _, _),) = world.parked()
+    assert (parked_id, reason, attempts) == (str(deep.id), "invalid", 1)
+    assert "deeper than" in error
 
 
 async def test_stopping_while_a_partition_waits_to_retry_loses_nothing(
@@ -364,7 +394,7 @@ class Record:
 
 
 def test_decode_is_the_inverse_of_the_publisher() -> None:
-    message = stored("orders", key="order-7", tenant_id="t1", headers={"x-app": "shop"},
+    message = stored("orders", key="order-7", tenant_id="t1", headers={"app": "shop"},
                      correlation_id="corr")  # fmt: skip
     record = Record(kafka_publisher.wire_headers(message, "shop-service"), key=b"order-7",
                     value=message.payload)  # fmt: skip
@@ -377,7 +407,7 @@ def test_decode_is_the_inverse_of_the_publisher() -> None:
     assert got.partition == message.partition
     assert got.sequence == message.seq
     assert got.content_type == "application/json"
-    assert got.headers == {"x-app": "shop"}
+    assert got.headers == {"app": "shop"}
     assert got.payload == message.payload
     assert got.topic == "orders"
     assert dict(got.attributes) == envelope.attributes(message, "shop-service")
@@ -385,7 +415,7 @@ def test_decode_is_the_inverse_of_the_publisher() -> None:
 
 def test_decode_rejects_what_has_no_id_or_an_unreadable_attribute() -> None:
     with pytest.raises(EnvelopeError, match="no CloudEvents id"):
-        decode(Record([("x-app", b"shop")]))
+        decode(Record([("app", b"shop")]))
     with pytest.raises(EnvelopeError, match="not UTF-8"):
         decode(Record([("ce_id", b"\xff\xfe")]))
 

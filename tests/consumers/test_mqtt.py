@@ -14,7 +14,7 @@ import asyncio
 import logging
 import shutil
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiomqtt
@@ -87,6 +87,15 @@ class MqttHarness(ConsumerHarness):
         async with aiomqtt.Client(host, int(port), protocol=aiomqtt.ProtocolVersion.V5) as client:
             await client.publish(self.topic, b"no envelope", qos=1)
 
+    carries_nul = False
+
+    async def publish_envelope(self, attributes: Mapping[str, str], payload: bytes) -> None:
+        host, port = self.url.removeprefix("mqtt://").split(":")
+        properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        properties.UserProperty = list(attributes.items())
+        async with aiomqtt.Client(host, int(port), protocol=aiomqtt.ProtocolVersion.V5) as client:
+            await client.publish(self.topic, payload, qos=1, properties=properties)
+
     async def check_settled(self, *consumers: BrokerConsumer) -> None:
         for consumer in consumers:
             assert isinstance(consumer, MqttConsumer)
@@ -157,7 +166,7 @@ class TestMqttConsumer(ConsumerConformance):
 async def test_decode_is_the_inverse_of_the_publisher(
     world: InboxWorld, topic: MqttHarness
 ) -> None:
-    message = stored(topic.topic, headers={"x-app": "shop", "traceparent": "00-ab-cd-01"},
+    message = stored(topic.topic, headers={"app": "shop", "traceparent": "00-ab-cd-01"},
                      correlation_id="corr", tenant_id="t1", aggregate_id="order-1")  # fmt: skip
     seen: list[Incoming] = []
     async with topic.consumer(world.consumer(before_effect=recorder(seen))) as consumer:
@@ -239,7 +248,7 @@ def test_decode_rejects_a_message_without_an_id() -> None:
     from relaybox.errors import EnvelopeError
 
     properties = Properties(PacketTypes.PUBLISH)
-    properties.UserProperty = [("type", "t"), ("x-app", "shop")]
+    properties.UserProperty = [("type", "t"), ("app", "shop")]
     message = aiomqtt.Message("orders", b"{}", 1, False, 1, properties)
     with pytest.raises(EnvelopeError, match="no CloudEvents id"):
         decode(message)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +104,11 @@ class NatsHarness(ConsumerHarness):
         raise AssertionError("the stream kept dropping the copy as a duplicate")
 
     async def publish_undecodable(self) -> None:
-        await self.js.publish(self.topic, b"no envelope", headers={"x-app": "shop"})
+        await self.js.publish(self.topic, b"no envelope", headers={"app": "shop"})
+
+    async def publish_envelope(self, attributes: Mapping[str, str], payload: bytes) -> None:
+        headers = {f"ce-{name}": value for name, value in attributes.items()}
+        await self.js.publish(self.topic, payload, headers=headers)
 
     async def settled(self, durable: str = "billing") -> bool:
         """Nothing waits to be delivered or acknowledged on `durable`."""
@@ -141,12 +145,12 @@ class TestNatsConsumer(ConsumerConformance):
 
 
 async def test_decode_is_the_inverse_of_the_publisher(stream: NatsHarness) -> None:
-    message = stored(stream.topic, headers={"x-app": "shop", "traceparent": "00-ab-cd-01"},
+    message = stored(stream.topic, headers={"app": "shop", "traceparent": "00-ab-cd-01"},
                      correlation_id="corr", tenant_id="t1")  # fmt: skip
     await stream.publish(message)
     got = decode(await stream.js.get_msg(stream.name, 1))
     assert got.id == str(message.id)
-    assert got.headers == {"x-app": "shop", "traceparent": "00-ab-cd-01"}
+    assert got.headers == {"app": "shop", "traceparent": "00-ab-cd-01"}
     assert (got.correlation_id, got.tenant_id, got.key) == ("corr", "t1", "k")
     assert (got.partition, got.traceparent) == (3, "00-ab-cd-01")
     assert got.delivery_count is None  # read from the stream, not delivered

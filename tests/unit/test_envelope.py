@@ -72,7 +72,7 @@ OPTIONAL = ("key", "correlation_id", "causation_id", "tenant_id", "aggregate_id"
 HEADERS = (
     {},
     {"traceparent": TRACEPARENT},
-    {"x-app": "shop", "traceparent": TRACEPARENT, "ce-id": "forged", "id": "forged"},
+    {"app": "shop", "traceparent": TRACEPARENT, "tracestate": "vendor=1"},
 )
 TIMES = (
     BASE.occurred_at,

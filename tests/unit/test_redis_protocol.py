@@ -59,7 +59,7 @@ def test_commands_are_the_bytes_redis_py_sends(
     "message",
     [
         stored("orders", key="k1"),
-        stored("orders", key=None, headers={"traceparent": "00-ab-cd-01", "x-app": "é"}),
+        stored("orders", key=None, headers={"traceparent": "00-ab-cd-01", "app": "é"}),
         stored("orders", payload=b"", correlation_id="c", tenant_id="t", external=True),
     ],
 )
@@ -154,7 +154,7 @@ async def test_each_reply_settles_its_own_message_until_the_connection_breaks() 
     client = FakeClient(connection)
     publisher._client = client  # type: ignore[assignment]
     batch = [stored("orders", key=f"k{n}") for n in range(7)]
-    batch[5] = stored("orders", headers={"bad": "\udc80"})  # never sent
+    batch[5] = stored("orders", key="\udc80")  # never sent
     results = await publisher.publish(batch)
     assert [r.outcome for r in results] == [
         Outcome.ACKED, Outcome.ACKED, Outcome.PERMANENT, Outcome.ACKED,

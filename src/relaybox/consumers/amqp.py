@@ -66,7 +66,7 @@ from relaybox.consumers.base import (
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
 from relaybox.core.urls import mask_password
-from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError
+from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError, EnvelopeError
 from relaybox.inbox.consumer import Consumer
 from relaybox.publishers.amqp import PREFIX
 
@@ -89,7 +89,8 @@ def decode(message: AbstractIncomingMessage) -> Incoming:
     received = {
         name: text
         for name, value in (message.headers or {}).items()
-        if name != DELIVERY_COUNT_HEADER and (text := _text(value)) is not None
+        if name != DELIVERY_COUNT_HEADER
+        and (text := _text(value, strict=name.startswith(PREFIX))) is not None
     }
     attributes, headers = envelope.split(received, PREFIX)
     return Incoming.from_envelope(
@@ -110,13 +111,18 @@ def delivery_count(message: AbstractIncomingMessage) -> int | None:
     return 1 if message.redelivered is False else None
 
 
-def _text(value: object) -> str | None:
+def _text(value: object, *, strict: bool) -> str | None:
     """A header value as a string; None for an AMQP table or array (such as `x-death`),
-    which is broker bookkeeping, not an attribute or a header of the message."""
+    which is broker bookkeeping, not an attribute or a header of the message. Bytes
+    (what pamqp hands over for a string that is not UTF-8) are refused for an attribute
+    (`strict`): replaced characters could make two ids one."""
     if isinstance(value, str):
         return value
     if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
+        try:
+            return bytes(value).decode("utf-8", "strict" if strict else "replace")
+        except UnicodeDecodeError:
+            raise EnvelopeError("a CloudEvents attribute of the delivery is not UTF-8") from None
     if isinstance(value, bool):  # CloudEvents' canonical boolean strings
         return "true" if value else "false"
     if isinstance(value, datetime.datetime):

@@ -101,9 +101,13 @@ class KafkaRecord(Protocol):
 def decode(record: KafkaRecord) -> Incoming:
     """The relaybox envelope of a Kafka record: the inverse of
     `relaybox.publishers.kafka.wire_headers` (attributes in `ce_` headers, the content
-    type in `content-type`, the key as the record key)."""
+    type in `content-type`, the key as the record key). Kafka keeps every header a
+    record was given, so an attribute (or the content type) named twice, which no
+    relaybox publisher sends, is refused (`EnvelopeError`) rather than read either way."""
     received: dict[str, str] = {}
     for name, raw in record.headers or ():
+        if name in received and (name.startswith(PREFIX) or name == CONTENT_TYPE_HEADER):
+            raise EnvelopeError(f"Kafka header {name[:60]!r} comes twice in one record")
         if name.startswith(PREFIX):
             try:
                 received[name] = (raw or b"").decode("utf-8")
@@ -113,17 +117,15 @@ def decode(record: KafkaRecord) -> Incoming:
             received[name] = (raw or b"").decode("utf-8", "replace")
     attributes, others = envelope.split(received, PREFIX)
     content_type = others.pop(CONTENT_TYPE_HEADER, None)
-    message = Incoming.from_envelope(
+    return Incoming.from_envelope(
         attributes,
         record.value or b"",
         headers=others,
         content_type=content_type,
         topic=record.topic,
+        # For a producer that keys its records without the binding's partitionkey.
+        key=None if record.key is None else record.key.decode("utf-8", "replace"),
     )
-    if message.key is None and record.key is not None:
-        # A producer that keys its records without the binding's partitionkey attribute.
-        message = dataclasses.replace(message, key=record.key.decode("utf-8", "replace"))
-    return message
 
 
 def parse_servers(servers: str) -> str:

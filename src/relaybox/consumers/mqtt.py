@@ -89,8 +89,9 @@ from relaybox.consumers.base import (
     check_positive,
     redelivery_policy,
 )
+from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
-from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError
+from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError, EnvelopeError
 from relaybox.inbox.consumer import Consumer
 from relaybox.publishers.options import BrokerUrl
 
@@ -103,12 +104,8 @@ logger = logging.getLogger(__name__)
 
 #: The CloudEvents attributes, which the MQTT 5 binding writes as User Properties under
 #: their plain names (`relaybox.publishers.mqtt`); every other user property is one of
-#: the message's own headers.
-ATTRIBUTE_NAMES = frozenset({
-    "specversion", "id", "source", "type", "time", "subject", "dataschema",
-    "datacontenttype", "partitionkey", "correlationid", "causationid", "tenantid",
-    "aggregateid", "traceparent", "sequence", "partition", "attempts",
-})  # fmt: skip
+#: the message's own headers (no header may take these names: `relaybox.core.envelope`).
+ATTRIBUTE_NAMES = envelope.MQTT_ATTRIBUTE_NAMES
 #: Attributes that also came from the message's own headers (`envelope.headers`).
 _ALSO_HEADERS = frozenset({"traceparent"})
 #: The largest Session Expiry Interval; it means "never expires".
@@ -120,13 +117,17 @@ MAX_RECEIVE_MAXIMUM = 0xFFFF
 def decode(message: aiomqtt.Message) -> Incoming:
     """The relaybox envelope of an MQTT 5 message: the inverse of
     `relaybox.publishers.mqtt` (attributes and headers as User Properties, the content
-    type as the Content Type property)."""
+    type as the Content Type property). A user property may come more than once: an
+    attribute that does, which relaybox's publisher never sends, is refused
+    (`EnvelopeError`) rather than read either way."""
     properties = message.properties
     attributes: dict[str, str] = {}
     headers: dict[str, str] = {}
     for name, value in getattr(properties, "UserProperty", None) or ():
         if name in ATTRIBUTE_NAMES:
-            attributes.setdefault(name, value)  # the publisher writes attributes first
+            if name in attributes:
+                raise EnvelopeError(f"MQTT user property {name!r} comes twice in one message")
+            attributes[name] = value
         if name not in ATTRIBUTE_NAMES or name in _ALSO_HEADERS:
             headers.setdefault(name, value)
     return Incoming.from_envelope(

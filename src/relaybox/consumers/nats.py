@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.header
 import functools
 import logging
 from collections.abc import Mapping
@@ -58,7 +59,7 @@ from relaybox.consumers.base import (
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
 from relaybox.core.urls import mask_password
-from relaybox.errors import BrokerUnavailableError, ConfigurationError
+from relaybox.errors import BrokerUnavailableError, ConfigurationError, EnvelopeError
 from relaybox.inbox.consumer import Consumer
 from relaybox.publishers.nats import PREFIX
 
@@ -72,16 +73,33 @@ logger = logging.getLogger(__name__)
 
 #: Headers of the NATS binding that are not the message's own: the content type and
 #: JetStream's deduplication id, both written by `relaybox.publishers.nats`.
-BINDING_HEADERS = frozenset({"content-type", "Nats-Msg-Id"})
+MSG_ID_HEADER = "Nats-Msg-Id"
+BINDING_HEADERS = frozenset({"content-type", MSG_ID_HEADER})
 
 DeliverFrom = Literal["all", "new"]
 
 
 def decode(message: Msg | RawStreamMsg) -> Incoming:
     """The relaybox envelope of a JetStream message (delivered, or read with `get_msg`):
-    the inverse of `relaybox.publishers.nats.wire_headers`."""
-    received: Mapping[str, str] = message.headers or {}
+    the inverse of `relaybox.publishers.nats.wire_headers`.
+
+    nats-py hands the headers over as a dict in which a name sent twice keeps its last
+    value, with names stripped of spaces: so the id JetStream deduplicated by
+    (`Nats-Msg-Id`, the first of its lines) must be the id decoded (`ce-id`), or the
+    message is refused (`EnvelopeError`): a header that posed as either would otherwise
+    make it another message's copy.
+    """
+    received: Mapping[str, str] = {
+        name: value if isinstance(value, str) else _header_text(value)
+        for name, value in (message.headers or {}).items()
+    }
     attributes, others = envelope.split(received, PREFIX)
+    deduplicated = received.get(MSG_ID_HEADER)
+    if deduplicated is not None and deduplicated != attributes.get("id"):
+        raise EnvelopeError(
+            f"message on {message.subject!r}: its {MSG_ID_HEADER} is not its ce-id, so one "
+            "of them was not written by relaybox's publisher"
+        )
     headers = {name: value for name, value in others.items() if name not in BINDING_HEADERS}
     return Incoming.from_envelope(
         attributes,
@@ -93,11 +111,23 @@ def decode(message: Msg | RawStreamMsg) -> Incoming:
     )
 
 
+def _header_text(value: object) -> str:
+    """A header value nats-py's `get_msg` read with the email parser, which gives a
+    non-ASCII one as an email `Header`: its bytes, read as UTF-8 (as a delivered
+    message's are)."""
+    parts = email.header.decode_header(value)  # type: ignore[arg-type]
+    raw = b"".join(part if isinstance(part, bytes) else part.encode() for part, _ in parts)
+    return raw.decode("utf-8", "replace")
+
+
 def _delivery_count(message: Msg | RawStreamMsg) -> int | None:
     reply = getattr(message, "reply", "")
     if not reply or not reply.startswith("$JS.ACK."):
         return None  # a stream read (get_msg) or a core NATS message: never delivered
-    return int(message.metadata.num_delivered)  # type: ignore[union-attr]
+    try:
+        return int(message.metadata.num_delivered)  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - a reply subject nats-py cannot read: count unknown
+        return None
 
 
 class NatsConsumer(BrokerConsumer):

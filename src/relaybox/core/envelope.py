@@ -9,15 +9,30 @@ An *external* target gets the stripped envelope: the attributes an outside
 consumer needs (id for deduplication, type, source, time, subject, correlation,
 causation, tenant, trace context) but none of relaybox's internal bookkeeping (sequence,
 partition, aggregate id, attempts).
+
+A message's own headers share each broker's header space with the attributes (on Redis
+and MQTT under the very same plain names), with the binding's fields and with what
+brokers and their clients read themselves. `checked_headers` keeps them apart: a header
+name is an RFC 9110 token that no attribute, binding, broker or HTTP transport owns
+(compared in any case), named once; a value is text that every broker carries as it is.
+`Message` refuses other headers when it is made, and the publishers refuse to send a
+stored message whose headers break the rule (`attributes` raises for it), so no
+header can replace, duplicate or pose as anything of the envelope on any broker.
 """
 
 from __future__ import annotations
 
 import base64
+import itertools
 import json
+import re
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from relaybox.core.records import StoredMessage
+from relaybox.errors import InvalidHeadersError
+
+if TYPE_CHECKING:
+    from relaybox.core.records import StoredMessage
 
 SPEC_VERSION = "1.0"
 #: The CloudEvents `source` when a broker URL does not set one (`?source=`).
@@ -31,6 +46,43 @@ ATTRIBUTE_NAMES = (
 )  # fmt: skip
 #: Attributes only relaybox's own consumers use; external targets never see them.
 INTERNAL_ATTRIBUTES = frozenset({"sequence", "partition", "aggregateid", "attempts"})
+#: The attributes of the CloudEvents MQTT binding: every User Property of these names is
+#: an attribute, every other one a header (`traceparent` is both).
+MQTT_ATTRIBUTE_NAMES = frozenset({*ATTRIBUTE_NAMES, "dataschema", "datacontenttype"})
+
+#: The longest header name and the longest header value, in characters.
+MAX_HEADER_NAME = 255
+MAX_HEADER_VALUE = 64 * 1024
+#: The trace context travels as headers (and `traceparent` as an attribute too).
+TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
+#: Header names a message may not use, in lower case (names compare in any case).
+RESERVED_HEADER_NAMES = frozenset({
+    # CloudEvents attributes under their plain names (Redis entries, MQTT User
+    # Properties), and the fields beside them (the payload, its content type).
+    *(MQTT_ATTRIBUTE_NAMES - TRACE_HEADERS), "data", "data_base64",
+    # What nats-py takes for a status line: a JetStream fetch drops such a message.
+    "status", "description",
+    # RabbitMQ copies a message to the queues its CC and BCC headers name.
+    "cc", "bcc",
+    # HTTP's connection and framing, and what a webhook receiver takes for its transport's.
+    "accept", "accept-encoding", "authorization", "connection", "expect", "host",
+    "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "user-agent",
+})  # fmt: skip
+#: Header name prefixes a message may not use, in lower case.
+RESERVED_HEADER_PREFIXES = (
+    "ce-", "ce_",  # CloudEvents attributes on HTTP and NATS, on Kafka
+    "cloudevents",  # ... on AMQP: `cloudEvents:` (and `cloudEvents_` for JMS)
+    "nats-",  # what JetStream acts on: Nats-Msg-Id, Nats-Expected-*, Nats-Rollup, ...
+    "x-",  # what RabbitMQ acts on: x-delivery-count, x-death, x-delay, ...
+    "relaybox-",  # the webhook's signature and topic
+    "content-",  # the content type of every binding; the body's framing on HTTP
+    "proxy-",  # HTTP's, for the proxy
+)  # fmt: skip
+
+#: An RFC 9110 token: no whitespace, control character, ':' or other separator.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: What would end a header line early or is no text at all (a tab is fine).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 #: The attributes of the commonest message, in `attributes`' order: one with a key, no
@@ -97,6 +149,7 @@ def attributes(message: StoredMessage, source: str = DEFAULT_SOURCE) -> dict[str
         found["aggregateid"] = message.aggregate_id
     own = message.headers
     if own:
+        check_stored_headers(message)
         traceparent = own.get("traceparent")
         if traceparent is not None:
             found["traceparent"] = traceparent
@@ -121,16 +174,181 @@ def headers(message: StoredMessage, prefix: str, source: str = DEFAULT_SOURCE) -
 
 def structured(message: StoredMessage, source: str = DEFAULT_SOURCE) -> dict[str, object]:
     """The message as a CloudEvent in structured JSON mode: `data` when the payload is
-    JSON (by its content type, and in fact), else `data_base64`."""
+    JSON (by its content type, and in fact) that encodes back to UTF-8 JSON text,
+    else `data_base64` (the bytes as they are)."""
     event: dict[str, object] = dict(attributes(message, source))
     event["datacontenttype"] = message.content_type
     try:
         if not is_json(message.content_type):
             raise ValueError(message.content_type)
-        event["data"] = json.loads(message.payload)
+        event["data"] = _json_data(message.payload)
     except ValueError:  # not JSON, or not what its content type claims: the bytes as they are
         event["data_base64"] = base64.b64encode(message.payload).decode("ascii")
     return event
+
+
+def _json_data(payload: bytes) -> object:
+    """The JSON payload decoded, if it encodes back: `ValueError` for one that is not
+    JSON, nests deeper than MAX_JSON_DEPTH (decoding or encoding it again would exhaust
+    the stack) or holds half a surrogate pair (no UTF-8 can carry it)."""
+    text = payload.decode(json.detect_encoding(payload))
+    if nests_deeper_than(text, MAX_JSON_DEPTH):
+        raise ValueError("nested too deeply")
+    data = json.loads(text)
+    if _SURROGATE_ESCAPE.search(text):  # a pair (an emoji) or half of one: which?
+        json.dumps(data, ensure_ascii=False).encode()  # UnicodeEncodeError is a ValueError
+    return data
+
+
+#: The deepest nesting of JSON arrays and objects relaybox decodes, or encodes again.
+MAX_JSON_DEPTH = 200
+#: A JSON escape of a UTF-16 surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+#: A JSON string (unrolled: no backtracking), whose brackets are no nesting.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEPS = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def nests_deeper_than(text: str, limit: int) -> bool:
+    """Whether JSON `text` nests arrays and objects deeper than `limit`: counted only
+    when it has that many opening brackets at all, outside its strings."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    return max(itertools.accumulate(map(_STEPS.__getitem__, brackets)), default=0) > limit
+
+
+def checked_headers(headers: object) -> dict[str, str]:
+    """`headers` as a new dict, if each name is free and each value fit to send (see the
+    module docstring); else `InvalidHeadersError`, saying which header and why.
+
+    This runs in the writer's transaction for every message with headers: a name seen
+    before is looked up (`_KNOWN_NAMES`), a value of printable ASCII passes in a few
+    calls made in C, and only the rest is looked at closely.
+    """
+    if type(headers) is not dict and not isinstance(headers, Mapping):
+        raise InvalidHeadersError("headers must be a mapping of str names to str values")
+    checked = dict(headers)  # what is checked is what is kept, whatever `headers` does
+    known, seen = _KNOWN_NAMES, set()
+    for name, value in checked.items():
+        lower = known.get(name) if type(name) is str else None
+        if lower is None:
+            lower = _new_name(name)
+        if lower in seen:
+            raise InvalidHeadersError(
+                f"header {name!r} is named twice (header names compare in any case)"
+            )
+        seen.add(lower)
+        if not (
+            type(value) is str
+            and value.isascii()
+            and value.isprintable()  # with isascii: no tab, CR, LF, NUL or DEL
+            and len(value) <= MAX_HEADER_VALUE
+            and not value.startswith(" ")
+            and not value.endswith(" ")
+        ):
+            _check_value(name, value)
+    return checked
+
+
+#: Header names found free, and their lower case: the few names an application uses,
+#: checked once each (up to a bound, so that no stream of new names grows it for ever).
+_KNOWN_NAMES: dict[str, str] = {}
+_MAX_KNOWN_NAMES = 4096
+
+
+def _new_name(name: object) -> str:
+    """The lower case of `name`, a header name not seen before, if it is free."""
+    if not isinstance(name, str) or len(name) > MAX_HEADER_NAME or not _TOKEN.fullmatch(name):
+        raise InvalidHeadersError(_bad_name(name))
+    lower = name.lower()
+    if lower in RESERVED_HEADER_NAMES or lower.startswith(RESERVED_HEADER_PREFIXES):
+        raise InvalidHeadersError(_reserved(name))
+    if lower in TRACE_HEADERS and name != lower:  # HTTP would read it as the trace context
+        raise InvalidHeadersError(
+            f"header name {name!r}: write the trace context's headers in lower case, "
+            f"{lower!r}, as every broker reads them"
+        )
+    if type(name) is str and len(_KNOWN_NAMES) < _MAX_KNOWN_NAMES:
+        _KNOWN_NAMES[name] = lower
+    return lower
+
+
+def _bad_name(name: object) -> str:
+    if not isinstance(name, str):
+        return f"header name {name!r} must be a str, not {type(name).__name__}"
+    if len(name) > MAX_HEADER_NAME:
+        return f"header name {name[:40]!r}... is longer than {MAX_HEADER_NAME} characters"
+    return (
+        f"header name {name!r} is not an RFC 9110 token: use letters, digits and "
+        "!#$%&'*+-.^_`|~, without spaces, control characters or ':'"
+    )
+
+
+def _reserved(name: str) -> str:
+    lower = name.lower()
+    owner = next(
+        (why for prefixes, why in _OWNERS if lower in prefixes or lower.startswith(prefixes)),
+        "is HTTP's own, which a webhook sends and reads for its connection",
+    )
+    return f"header name {name!r} {owner}: choose another name"
+
+
+#: Who owns a reserved header name, by names and prefixes (for the error message).
+_OWNERS = (
+    ((*MQTT_ATTRIBUTE_NAMES, "data", "data_base64"),
+     "is a CloudEvents attribute or field, which Redis and MQTT carry under its plain name"),
+    (("ce-", "ce_", "cloudevents"),
+     "carries CloudEvents attributes in the HTTP, NATS, Kafka or AMQP binding"),
+    (("nats-",), "is read by NATS JetStream (Nats-Msg-Id drops messages as copies)"),
+    (("status", "description"), "is read by the NATS client as a status line"),
+    (("x-",), "is read by RabbitMQ (x-delivery-count, x-death, x-delay, ...)"),
+    (("cc", "bcc"), "makes RabbitMQ copy the message to other queues"),
+    (("content-",), "is the binding's content type, or describes an HTTP body"),
+    (("relaybox-",), "is one of relaybox's webhook headers"),
+)  # fmt: skip
+
+
+def _check_value(name: str, value: object) -> None:
+    """Raise `InvalidHeadersError` unless `value` is text every broker sends as it is."""
+    if not isinstance(value, str):
+        raise InvalidHeadersError(
+            f"header {name!r} must have a str value, not {type(value).__name__}"
+        )
+    if len(value) > MAX_HEADER_VALUE:
+        raise InvalidHeadersError(f"header {name!r} is longer than {MAX_HEADER_VALUE} characters")
+    problem = value_problem(value)
+    if problem is not None:
+        raise InvalidHeadersError(f"header {name!r} {problem}")
+
+
+def value_problem(value: str) -> str | None:
+    """Why `value` would not reach a consumer as it is on every broker, if it would not:
+    the rule for header values and for attributes a message sets (key, type, ids)."""
+    if _CONTROL.search(value):
+        return (
+            "contains a control character (CR, LF, NUL...), which could end its header line early"
+        )
+    if value != value.strip():
+        return "begins or ends with whitespace, which HTTP and NATS strip"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"is not valid Unicode text: {error}"
+    return None
+
+
+def check_stored_headers(message: StoredMessage) -> None:
+    """Raise `InvalidHeadersError` unless a stored message's headers pass the check
+    `Message` makes when it is created: a row written otherwise (by an older relaybox,
+    by hand) is refused here, and `attributes` calls this, so no publisher sends it."""
+    try:
+        checked_headers(message.headers)
+    except InvalidHeadersError as error:
+        raise InvalidHeadersError(f"message {message.id} is never sent: {error}") from None
 
 
 def is_json(content_type: str) -> bool:

@@ -9,17 +9,20 @@ import math
 import re
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from relaybox.core import tracing
+from relaybox.core.envelope import checked_headers, value_problem
 from relaybox.core.ids import uuid7
 from relaybox.core.payload import DEFAULT_MAX_PAYLOAD_BYTES, check_size, encode_payload
-from relaybox.errors import EmptyTopicError, InvalidHeadersError, MessageError
+from relaybox.errors import EmptyTopicError, MessageError
 
 DEFAULT_TARGET = "default"
 _TARGET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 _MAX_TOPIC = 255
 _MAX_KEY = 255
+#: What an AMQP short string holds (the type, content type and correlation id travel so).
+_MAX_SHORT_BYTES = 255
 _UTC = datetime.UTC
 
 
@@ -95,18 +98,21 @@ class Message:
         # calls fewer in every business transaction, where each call counts.
         if len(topic) > _MAX_TOPIC or not topic.isascii() or "\x00" in topic:
             _check_text("topic", topic, _MAX_TOPIC)
+        # The key and the type travel as header values: printable ASCII without spaces
+        # passes at once; `_check_value` says what is wrong with the rest (a space at
+        # either end, a control character...), or lets it pass.
         if key is not None and (
-            builtins.type(key) is not str
-            or len(key) > _MAX_KEY or not key.isascii() or "\x00" in key
+            builtins.type(key) is not str or len(key) > _MAX_KEY
+            or not key.isascii() or not key.isprintable() or " " in key
         ):  # fmt: skip
-            _check_text("key", key, _MAX_KEY)
+            _check_value("key", key, _MAX_KEY)
         if type is not None and (
-            builtins.type(type) is not str
-            or len(type) > _MAX_TOPIC or not type.isascii() or "\x00" in type
+            builtins.type(type) is not str or len(type) > _MAX_TOPIC
+            or not type.isascii() or not type.isprintable() or " " in type
         ):  # fmt: skip
-            _check_text("type", type, _MAX_TOPIC)
+            _check_value("type", type, _MAX_TOPIC, _MAX_SHORT_BYTES)
         if content_type is not None:
-            _check_text("content_type", content_type, _MAX_TOPIC)
+            _check_value("content_type", content_type, _MAX_TOPIC, _MAX_SHORT_BYTES)
         if id is not None and not isinstance(id, uuid.UUID):
             raise MessageError(f"id must be a uuid.UUID, got {builtins.type(id).__name__}")
         # The common case (no headers, ids, targets or delay) makes no call it can do
@@ -119,15 +125,23 @@ class Message:
         self.payload = payload
         self.key = key
         self.type: str = type or topic
-        self.headers = {} if headers is None else _checked_headers(headers)
+        self.headers = {} if headers is None else checked_headers(headers)
         if "traceparent" not in self.headers:
             traceparent = tracing.current_traceparent()
             if traceparent is not None:
                 self.headers["traceparent"] = traceparent
-        self.correlation_id = None if correlation_id is None else _short_str(correlation_id)
-        self.causation_id = None if causation_id is None else _short_str(causation_id)
-        self.tenant_id = None if tenant_id is None else _short_str(tenant_id)
-        self.aggregate_id = None if aggregate_id is None else _short_str(aggregate_id)
+        self.correlation_id = (
+            None
+            if correlation_id is None
+            else _short_str("correlation_id", correlation_id, _MAX_SHORT_BYTES)
+        )
+        self.causation_id = (
+            None if causation_id is None else _short_str("causation_id", causation_id)
+        )
+        self.tenant_id = None if tenant_id is None else _short_str("tenant_id", tenant_id)
+        self.aggregate_id = (
+            None if aggregate_id is None else _short_str("aggregate_id", aggregate_id)
+        )
         self.targets: tuple[Target, ...] | None = (
             None if targets is None else _checked_targets(targets)
         )
@@ -149,10 +163,26 @@ class Message:
         return hash(self.id)
 
 
-def _short_str(value: object) -> str:
+def _short_str(name: str, value: object, max_bytes: int | None = None) -> str:
     text = str(value)
-    _check_text("id", text, _MAX_KEY)
+    _check_value(name, text, _MAX_KEY, max_bytes)
     return text
+
+
+def _check_value(name: str, value: object, limit: int, max_bytes: int | None = None) -> None:
+    """An attribute the message sets (key, type, ids): text as `_check_text` says, which
+    every broker also carries as it is (`envelope.value_problem`; NATS would strip or
+    change it), of `max_bytes` in UTF-8 at most where given."""
+    _check_text(name, value, limit)
+    text = cast(str, value)
+    problem = value_problem(text)
+    if problem is not None:
+        raise MessageError(f"{name} {text[:40]!r} {problem}")
+    if max_bytes is not None and len(text) > max_bytes // 4 and len(text.encode()) > max_bytes:
+        raise MessageError(
+            f"{name} {text[:40]!r}... is longer than {max_bytes} bytes in UTF-8, as "
+            "RabbitMQ takes it"
+        )
 
 
 def _check_text(name: str, value: object, limit: int) -> None:
@@ -168,25 +198,6 @@ def _check_text(name: str, value: object, limit: int) -> None:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise MessageError(f"{name} is not valid Unicode text: {exc}") from exc
-
-
-def _checked_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
-    if headers is None:
-        return {}
-    if not isinstance(headers, Mapping):
-        raise InvalidHeadersError("headers must be a mapping of str to str")
-    for name, value in headers.items():
-        if not isinstance(name, str) or not name or not isinstance(value, str):
-            raise InvalidHeadersError(
-                f"header {name!r} must have a non-empty str name and a str value, "
-                f"got {type(value).__name__}"
-            )
-        try:
-            _check_text("header name", name, 255)
-            _check_text(f"header {name!r}", value, 64 * 1024)
-        except MessageError as exc:
-            raise InvalidHeadersError(str(exc)) from exc
-    return dict(headers)
 
 
 def _checked_targets(targets: Any) -> tuple[Target, ...]:

@@ -33,9 +33,9 @@ from typing import Any, Literal, cast
 
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_INBOX, validate_table_name
-from relaybox.core.incoming import MAX_ID_LENGTH, Incoming
+from relaybox.core.incoming import MAX_ID_LENGTH, Incoming, check_text
 from relaybox.core.message import Message
-from relaybox.errors import ConfigurationError, InboxError, SchemaError
+from relaybox.errors import ConfigurationError, EnvelopeError, InboxError, SchemaError
 from relaybox.sql.params import ParamStyle, in_order, styled
 from relaybox.writer.connections import (
     Channel,
@@ -171,8 +171,7 @@ class Inbox:
         lane = None if self.mode == "id" else self._lane(message)
         if lane is None:
             message_id = message if isinstance(message, str) else message.id
-            if not message_id or len(message_id) > MAX_ID_LENGTH:
-                raise InboxError(f"message id {message_id!r}: 1-{MAX_ID_LENGTH} characters")
+            _check_id(message_id)
             return [self._step(dialect, style, "claim_id", (self.consumer, message_id))]
         received = cast(Incoming, message)  # _lane refused a bare id
         sequence = cast(int, received.sequence)  # and a message without a sequence
@@ -258,6 +257,19 @@ def _not_received(message: object) -> InboxError:
         f"Inbox.record takes the received message (an Incoming) or its id (a str), not "
         f"{type(message).__qualname__}{sent}"
     )
+
+
+def _check_id(message_id: str) -> None:
+    """An id given as it is, checked as a received message's is (`Incoming`)."""
+    try:
+        if not message_id:
+            raise EnvelopeError("it is empty")
+        check_text("it", message_id, MAX_ID_LENGTH)
+    except EnvelopeError as error:
+        raise InboxError(
+            f"message id {message_id[:60]!r} cannot be recorded: {error} (an id is "
+            f"1-{MAX_ID_LENGTH} characters of text without NUL)"
+        ) from None
 
 
 def _check_counts(connection: Any) -> None:

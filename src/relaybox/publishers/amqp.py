@@ -25,6 +25,10 @@ Outcomes:
 
 - the broker acked -> ACKED.
 - returned because no queue is bound for the routing key -> PERMANENT ("unroutable").
+- a message with a header of its own that takes a name of the envelope or of the
+  broker (`relaybox.core.envelope`: a row not written by `Message`), or one that AMQP
+  cannot encode (a type, content type or correlation id over the 255 bytes of a short
+  string, text that is not UTF-8) -> PERMANENT, never sent.
 - a channel error caused by one message (larger than the broker's max_message_size,
   access refused, exchange gone) -> PERMANENT. Such an error closes the channel and
   fails every message in flight on it, so those are sent again one at a time on a
@@ -67,7 +71,7 @@ from relaybox.core.publishing import (
 )
 from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_password
-from relaybox.errors import BrokerError, BrokerUnavailableError
+from relaybox.errors import BrokerError, BrokerUnavailableError, InvalidHeadersError
 from relaybox.publishers.options import BrokerUrl
 
 #: The CloudEvents AMQP binding's prefix for attributes in application properties.
@@ -220,10 +224,12 @@ class AmqpPublisher:
         if len(message.topic.encode()) > MAX_ROUTING_KEY_BYTES:
             return permanent(f"topic {message.topic[:40]!r}... is longer than 255 bytes")
         try:
+            outgoing = amqp_message(message, self._source)
+        except InvalidHeadersError as error:  # a stored row's header poses as the envelope's
+            return permanent(str(error))
+        try:
             async with asyncio.timeout_at(deadline):
-                await lane.exchange.publish(
-                    amqp_message(message, self._source), message.topic, mandatory=True
-                )
+                await lane.exchange.publish(outgoing, message.topic, mandatory=True)
         except asyncio.CancelledError as error:
             task = asyncio.current_task()
             if task is None or task.cancelling():
@@ -247,6 +253,8 @@ class AmqpPublisher:
             return self._lost(error)
         if isinstance(error, _CONNECTION_ERRORS):
             return unavailable(f"connection to RabbitMQ lost: {_describe(error)}")
+        if isinstance(error, TypeError | ValueError):  # pamqp cannot encode it, nor ever will
+            return permanent(f"RabbitMQ cannot carry this message: {_describe(error)}")
         raise error
 
     def _lost(self, error: BaseException) -> PublishResult | _ChannelLost:

@@ -27,9 +27,15 @@ from collections.abc import Sequence
 
 from relaybox.core import envelope
 from relaybox.core.envelope import DEFAULT_SOURCE
-from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult, transient
+from relaybox.core.publishing import (
+    ACKED,
+    PublisherFeatures,
+    PublishResult,
+    permanent,
+    transient,
+)
 from relaybox.core.records import StoredMessage
-from relaybox.errors import ConfigurationError
+from relaybox.errors import ConfigurationError, InvalidHeadersError
 from relaybox.publishers.options import BrokerUrl
 
 
@@ -98,13 +104,22 @@ class FilePublisher:
         if self._delay:
             await asyncio.sleep(self._delay)
         failing = self._fail_keys and time.time() < self._fail_until
-        results = [
-            transient("injected failure") if failing and m.key in self._fail_keys else ACKED
-            for m in messages
-        ]
-        written = [m for m, r in zip(messages, results, strict=True) if r.acked]
-        data = "".join(_dumps(line(m, self.source)) + "\n" for m in written)
-        view = memoryview(data.encode("utf-8"))
+        results: list[PublishResult] = []
+        lines: list[bytes] = []
+        for message in messages:
+            if failing and message.key in self._fail_keys:
+                results.append(transient("injected failure"))
+                continue
+            try:
+                lines.append((_dumps(line(message, self.source)) + "\n").encode("utf-8"))
+            except InvalidHeadersError as error:  # a stored row's header poses as the envelope's
+                results.append(permanent(str(error)))
+                continue
+            except UnicodeEncodeError as error:  # a stored row's text that is not Unicode
+                results.append(permanent(f"the line cannot be written as UTF-8: {error}"))
+                continue
+            results.append(ACKED)
+        view = memoryview(b"".join(lines))
         while view:  # a regular file takes it all in one go; be sure anyway
             view = view[os.write(self._fd, view) :]
         if self._fsync:

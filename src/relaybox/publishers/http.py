@@ -82,7 +82,7 @@ from relaybox.core.publishing import (
 )
 from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_password
-from relaybox.errors import BrokerUnavailableError, ConfigurationError
+from relaybox.errors import BrokerUnavailableError, ConfigurationError, InvalidHeadersError
 from relaybox.publishers.options import BrokerUrl
 from relaybox.publishers.webhook_signature import SIGNATURE_HEADER, check_secret, sign
 
@@ -203,6 +203,10 @@ class HttpPublisher:
     async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
         if self._client is None:
             raise ConfigurationError("HttpPublisher.publish called before start()")
+        refused = _refused(messages)
+        if refused:  # each alone, never in a request: see `envelope.check_stored_headers`
+            sent = iter(await self.publish([m for i, m in enumerate(messages) if i not in refused]))
+            return [refused.get(i) or next(sent) for i in range(len(messages))]
         if not self._batch:
             return list(await asyncio.gather(*(self._post_one(m) for m in messages)))
         return await self._post_batches(messages)
@@ -403,6 +407,19 @@ def _secrets(url: httpx.URL, secret: str | None) -> tuple[str, ...]:
             base64.b64encode(credentials).decode("ascii"),
         ]
     return tuple(sorted({text for text in found if text}, key=len, reverse=True))
+
+
+def _refused(messages: Sequence[StoredMessage]) -> dict[int, PublishResult]:
+    """The messages with a header of their own that takes a name of the envelope or of
+    HTTP (rows `Message` did not write), by index, each failed for good."""
+    refused = {}
+    for index, message in enumerate(messages):
+        if message.headers:
+            try:
+                envelope.check_stored_headers(message)
+            except InvalidHeadersError as error:
+                refused[index] = permanent(str(error))
+    return refused
 
 
 def _percent_encode(value: str) -> str:

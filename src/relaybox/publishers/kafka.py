@@ -26,8 +26,9 @@ certificate instead.
 The record key is the message key (so a key stays in one partition), the value is the
 payload, and the CloudEvents Kafka binding in binary mode puts the attributes in
 `ce_<name>` headers and the content type in `content-type`; the message's own headers
-travel beside them. A message too large, for an invalid topic name or refused for
-authorisation fails permanently; connection loss and leader moves are transient; no
+travel beside them. A message too large, for an invalid topic name, with a header that
+takes a name of the envelope (`relaybox.core.envelope`) or refused for authorisation
+fails permanently; connection loss and leader moves are transient; no
 answer in time is transient without an attempt counted (the broker may hold it).
 """
 
@@ -56,7 +57,12 @@ from relaybox.core.publishing import (
     unavailable,
 )
 from relaybox.core.records import StoredMessage
-from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError
+from relaybox.errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    ConfigurationError,
+    InvalidHeadersError,
+)
 from relaybox.publishers.options import BrokerUrl
 
 PREFIX = "ce_"
@@ -282,14 +288,19 @@ class KafkaPublisher:
     ) -> PublishResult | _NoAnswer | asyncio.Future[Any]:
         if not valid_topic(message.topic):
             return permanent(f"invalid Kafka topic name {message.topic!r}")
-        key = message.key.encode("utf-8") if message.key is not None else None
+        try:
+            key = message.key.encode("utf-8") if message.key is not None else None
+            headers = wire_headers(message, self._source)
+        except InvalidHeadersError as error:  # a stored row's header poses as the envelope's
+            return permanent(str(error))
+        except UnicodeEncodeError as error:  # a stored row's text that is not Unicode
+            return permanent(f"the record cannot be sent as UTF-8: {error}")
         try:
             # send() waits for the topic's metadata and for room in aiokafka's buffer.
             async with asyncio.timeout_at(deadline):
                 future: asyncio.Future[Any] = await producer.send(
-                    message.topic, message.payload, key=key,
-                    headers=wire_headers(message, self._source),
-                )  # fmt: skip
+                    message.topic, message.payload, key=key, headers=headers
+                )
         except TimeoutError:
             return _NoAnswer(f"Kafka took no record for {message.topic!r} within {self._timeout}s")
         except kafka_errors.KafkaError as error:

@@ -13,6 +13,7 @@ import dataclasses
 import enum
 from collections.abc import Callable, Sequence
 
+from relaybox.core import envelope
 from relaybox.core.publishing import (
     ACKED,
     PublisherFeatures,
@@ -22,6 +23,7 @@ from relaybox.core.publishing import (
     unavailable,
 )
 from relaybox.core.records import StoredMessage
+from relaybox.errors import InvalidHeadersError
 from relaybox.ports import Publisher
 from relaybox.publishers.options import BrokerUrl
 
@@ -129,6 +131,11 @@ class MemoryPublisher:
 
     async def _publish_one(self, message: StoredMessage) -> PublishResult:
         self.attempts.append(message)
+        if message.headers:
+            try:  # as every broker's publisher refuses it
+                envelope.check_stored_headers(message)
+            except InvalidHeadersError as error:
+                return permanent(str(error))
         fault = next((f for f in self._faults if f.applies(message)), None)
         if fault is None:
             self.published.append(message)

@@ -23,8 +23,10 @@ large (0x95, which mosquitto sends for a payload over its `message_size_limit`),
 format invalid (0x99), implementation specific error (0x83) and any other are permanent.
 With QoS 2 the PUBREC's code counts (paho would complete the flow regardless). So is
 what the client will not send: an empty topic or one with a `+`/`#` wildcard, a header
-over 65535 bytes, or a packet over the broker's Maximum Packet Size (which a broker
-answers by disconnecting, failing everything in flight with it).
+over 65535 bytes, a header of the message's own under an attribute's name (a stored
+row not written by `Message`: see `relaybox.core.envelope`), or a packet over the
+broker's Maximum Packet Size (which a broker answers by disconnecting, failing
+everything in flight with it).
 A lost connection or a refused reconnect is transient; the next publish() reconnects
 (aiomqtt clients do not reconnect by themselves). No confirm in time is transient
 without an attempt counted: the broker may have taken the message.
@@ -81,7 +83,7 @@ from relaybox.core.publishing import (
     unavailable,
 )
 from relaybox.core.records import StoredMessage
-from relaybox.errors import BrokerUnavailableError, ConfigurationError
+from relaybox.errors import BrokerUnavailableError, ConfigurationError, InvalidHeadersError
 from relaybox.publishers.options import BrokerUrl
 
 #: Failure reason codes worth retrying; every other code of 0x80 or above is permanent.
@@ -425,6 +427,8 @@ class MqttPublisher:
                 )
             except ValueError as error:  # wildcards, overlong topic or header, huge payload
                 return permanent(f"MQTT cannot send this message on {topic!r}: {error}")
+            except InvalidHeadersError as error:  # a stored row's header poses as an attribute
+                return permanent(str(error))
             except TimeoutError:
                 return timed_out(_TIMED_OUT)
             except aiomqtt.MqttError as error:

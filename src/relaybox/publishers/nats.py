@@ -24,7 +24,8 @@ send buffer, so its connection, reconnects, flushing and subscriptions stay nats
 PubAcks come back on one inbox subscription and settle the call that waits for them.
 
 Outcomes: no stream for the subject, a message over the server's max_payload or the
-stream's max_msg_size, a bad subject or header, a denied subject -> permanent; a
+stream's max_msg_size, a bad subject or header (or one of its own headers that takes
+a name of the envelope, `relaybox.core.envelope`), a denied subject -> permanent; a
 full stream with discard=new, a JetStream API 5xx, a lost connection -> transient; no
 ack in time -> transient without an attempt counted (the stream may have stored it:
 `Nats-Msg-Id` drops the copy sent again).
@@ -59,7 +60,7 @@ from relaybox.core.publishing import (
 )
 from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_password
-from relaybox.errors import BrokerUnavailableError, ConfigurationError
+from relaybox.errors import BrokerUnavailableError, ConfigurationError, InvalidHeadersError
 from relaybox.publishers import nats_protocol
 from relaybox.publishers.options import BrokerUrl
 
@@ -413,6 +414,8 @@ class NatsPublisher:
             frame = nats_protocol.hpub(topic, reply, block, message.payload)
         except (BadSubjectError, BadHeaderError, UnicodeEncodeError) as error:
             return permanent(f"NATS refused {topic!r}: {error}")
+        except InvalidHeadersError as error:  # a stored row's header poses as the envelope's
+            return permanent(str(error))
         size = len(block) + len(message.payload)
         if size > limit:
             return permanent(

@@ -12,9 +12,13 @@ and every NATS client read them alike:
     HPUB <subject> <reply> <header bytes> <total bytes>\\r\\n
     NATS/1.0\\r\\n<name>: <value>\\r\\n ... \\r\\n<payload>\\r\\n
 
-as nats-py 2.16 encodes headers: names must be RFC 7230 tokens (else `BadHeaderError`),
-empty names after stripping are skipped, values are stripped and CR/LF become spaces
-(so no value can end its line early or inject a protocol command).
+as nats-py 2.16 encodes headers: names must be RFC 7230 tokens (else `BadHeaderError`).
+Where nats-py changes what it sends, this refuses (`BadHeaderError`) instead: a name
+it would strip or skip (stripped, " Nats-Msg-Id" would become a second `Nats-Msg-Id`,
+with which JetStream drops other messages as copies of one), and a value it would
+strip or whose CR/LF it would turn into spaces (two keys, "k" and "k ", would reach a
+consumer as one). `relaybox.core.envelope` and `Message` refuse such headers and
+attributes long before: this is the last line.
 
 A JetStream PubAck is JSON; most replies are `{"stream":"S","seq":N}`, and parsing
 each with `json.loads` is a measurable cost per message. `is_plain_ack` recognises them
@@ -46,7 +50,8 @@ _ERROR_KEY = b'"error"'
 def header_block(headers: Mapping[str, str]) -> bytes:
     """`NATS/1.0`, one `name: value` line per header, an empty line: nats-py's bytes.
 
-    Raises `BadHeaderError` for a name that is not a token, as nats-py does.
+    Raises `BadHeaderError` for a name that is not a token, as nats-py does, and for a
+    name or value that nats-py would change (see the module docstring).
     """
     lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
     tokens = all(headers) and _NAME.fullmatch("".join(headers)) is not None
@@ -74,15 +79,18 @@ def _plain(lines: str, values: list[str]) -> bool:
 
 
 def _careful_lines(headers: Mapping[str, str]) -> str:
-    """nats-py's rules one header at a time, for the rare block the fast path refuses."""
+    """nats-py's rules one header at a time, for the rare block the fast path refuses:
+    what nats-py would change is refused (see the module docstring)."""
     lines = []
-    for raw_name, value in headers.items():
-        name = raw_name.strip()
-        if not name:
-            continue
+    for name, value in headers.items():
         if _NAME.fullmatch(name) is None:
             raise BadHeaderError(name)
-        lines.append(f"{name}: {value.strip().translate(_NEWLINES)}\r\n")
+        if value.strip().translate(_NEWLINES) != value:
+            raise BadHeaderError(
+                f"{name}: {value[:40]!r} would reach a consumer changed (NATS strips a "
+                "header value and turns its line breaks into spaces)"
+            )
+        lines.append(f"{name}: {value}\r\n")
     return "".join(lines)
 
 

@@ -23,8 +23,9 @@ redis-py (see `relaybox.publishers.redis_protocol` for why), and go through redi
 connection (`send_packed_command`, `read_response`: what its own pipelines use), so
 connecting, AUTH, TLS, health checks and reply parsing stay redis-py's.
 
-A key holding another type (WRONGTYPE), a refused permission, a bad argument or text
-UTF-8 cannot carry fails permanently; connection loss, OOM, loading and read-only
+A key holding another type (WRONGTYPE), a refused permission, a bad argument, text
+UTF-8 cannot carry or a header that takes a name of the envelope
+(`relaybox.core.envelope`) fails permanently; connection loss, OOM, loading and read-only
 replicas are transient; no reply in time is transient without an attempt counted (the
 entry may have been added). Replies read before a connection broke keep their
 outcome.
@@ -55,7 +56,7 @@ from relaybox.core.publishing import (
 )
 from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_password
-from relaybox.errors import BrokerUnavailableError, ConfigurationError
+from relaybox.errors import BrokerUnavailableError, ConfigurationError, InvalidHeadersError
 from relaybox.publishers import redis_protocol
 from relaybox.publishers.options import BrokerUrl
 
@@ -218,6 +219,8 @@ class RedisPublisher:
                 )  # fmt: skip
             except UnicodeEncodeError as error:
                 refused[index] = permanent(f"the entry cannot be sent as UTF-8: {error}")
+            except InvalidHeadersError as error:  # a stored row's header poses as the envelope's
+                refused[index] = permanent(str(error))
         count = len(messages) - len(refused)
         replies = iter(await self._send(self._client, commands, count) if count else [])
         return [refused.get(index) or next(replies) for index in range(len(messages))]
