@@ -223,14 +223,14 @@ async def _publish_to(
 
 async def test_signs_every_request_so_the_receiver_can_verify_it() -> None:
     topic = unique_topic()
-    message = stored(topic, headers={"x-app": "shop"})
+    message = stored(topic, headers={"app": "shop"})
     got, _, harness = await _publish_to(default_response, [message], secret="s3cret")
     assert got == [Outcome.ACKED]
     (request,) = harness.server.accepted
     headers, body = request.headers, request.body
     signed = verify_signature("s3cret", headers, body)
     attributes = {f"ce-{name}" for name in envelope.attributes(message)}
-    assert signed == attributes | {"content-type", "relaybox-topic", "x-app"}
+    assert signed == attributes | {"content-type", "relaybox-topic", "app"}
     for wrong in (
         lambda: verify_signature("wrong", headers, body),
         lambda: verify_signature("s3cret", headers, body + b" "),

@@ -68,7 +68,7 @@ async def test_a_message_with_a_header_that_steers_http_is_refused_and_the_rest_
     expected = [A, *[P] * len(bad)] + ([T] if batch == "false" else [])
     assert outcomes(results) == expected
     for result, name in zip(results[1 : 1 + len(bad)], refused, strict=True):
-        assert f"message header {name!r} is not sent to a webhook" in (result.error or "")
+        assert repr(name) in (result.error or "")
     assert [r.path for r in sent] == ["/hooks/relaybox"]  # nothing smuggled through
     (request,) = sent
     own = {"host", "connection", "content-length"}  # httpx sets them from the request
@@ -80,19 +80,21 @@ async def test_a_message_with_a_header_that_steers_http_is_refused_and_the_rest_
 
 async def test_a_message_header_never_replaces_one_the_publisher_sets() -> None:
     topic = unique_topic()
-    headers = {"CONTENT-TYPE": "text/evil", "User-Agent": "evil", "Accept-Encoding": "gzip",
-               "Relaybox-Signature": "t=1,h=,v2=0", "CE-ID": "forged",
-               "x-kept": " kept "}  # fmt: skip
-    message = stored(topic, headers=headers)
-    got, _, harness = await _publish_to(default_response, [message], secret="s3cret")
-    assert got == [A]
+    forged = {"CONTENT-TYPE": "text/evil", "User-Agent": "evil", "Accept-Encoding": "gzip",
+              "Relaybox-Signature": "t=1,h=,v2=0", "CE-ID": "forged"}  # fmt: skip
+    kept = stored(topic, headers={"app": "kept"})
+    messages = [kept, *(stored(topic, headers={name: value}) for name, value in forged.items())]
+    got, errors, harness = await _publish_to(default_response, messages, secret="s3cret")
+    assert got == [A, *[P] * len(forged)]
+    for n, name in enumerate(forged, start=1):
+        assert repr(name) in errors[n]
     (request,) = harness.server.accepted
     assert request.headers["content-type"] == "application/json"
     assert request.headers["user-agent"].startswith("python-httpx/")
     assert request.headers["accept-encoding"] == "identity"
-    assert request.headers["ce-id"] == str(message.id)
+    assert request.headers["ce-id"] == str(kept.id)
     assert request.headers["relaybox-signature"].startswith("t=")
-    assert request.headers["x-kept"] == "kept"
+    assert request.headers["app"] == "kept"
 
 
 # -- one outcome per message --------------------------------------------------------------
@@ -120,15 +122,17 @@ async def test_messages_that_cannot_be_encoded_leave_their_batch_to_the_rest() -
     topic = unique_topic()
     messages = [
         stored(topic, key="first"),
-        stored(topic, payload=b'"\\ud800"'),  # JSON, but of text UTF-8 cannot carry
+        stored(topic, key="odd", payload=b'"\\ud800"'),  # JSON of text UTF-8 cannot carry
         stored(topic, correlation_id="\udfff"),
         stored(topic, key="last"),
     ]
     got, errors, harness = await _publish_to(default_response, messages, batch="true")
-    assert got == [A, P, P, A]
-    assert "cannot be encoded as a CloudEvent" in (errors[1] or "")
+    assert got == [A, A, P, A]
+    assert "cannot be encoded as a CloudEvent" in (errors[2] or "")
     (request,) = harness.server.accepted
-    assert [e["subject"] for e in json.loads(request.body)] == ["first", "last"]
+    events = json.loads(request.body)
+    assert [e["subject"] for e in events] == ["first", "odd", "last"]
+    assert base64.b64decode(events[1]["data_base64"]) == b'"\\ud800"'  # its bytes, as stored
 
 
 async def test_batches_are_split_to_stay_within_the_receivers_limits() -> None:

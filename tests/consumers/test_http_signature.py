@@ -67,7 +67,7 @@ async def test_a_captured_request_is_applied_once_and_refused_when_changed(
     world: InboxWorld,
 ) -> None:
     topic = unique_topic()
-    message = stored(topic, headers={"x-app": "shop"})
+    message = stored(topic, headers={"app": "shop"})
     (request,) = await captured([message])
     headers, body = as_sent(request), request.body
     forgeries: dict[str, tuple[Headers, bytes]] = {
@@ -76,7 +76,7 @@ async def test_a_captured_request_is_applied_once_and_refused_when_changed(
         "another topic": (changed(headers, "relaybox-topic", "payments"), body),
         "no topic, so the path": (changed(headers, "relaybox-topic", None), body),
         "another content type": (changed(headers, "content-type", "text/plain"), body),
-        "another own header": (changed(headers, "x-app", "admin"), body),
+        "another own header": (changed(headers, "app", "admin"), body),
         "an added attribute": (changed(headers, "ce-tenantid", "someone-else"), body),
         "an added content type": (changed(headers, "ce-datacontenttype", "text/x"), body),
         "another body": (headers, b'{"n": 2}'),
@@ -117,7 +117,7 @@ async def test_a_signed_batch_is_checked_whole(world: InboxWorld) -> None:
 
 
 async def test_handlers_see_only_signed_headers(world: InboxWorld) -> None:
-    message = stored(unique_topic(), headers={"x-app": "shop"})
+    message = stored(unique_topic(), headers={"app": "shop"})
     (request,) = await captured([message])
     seen: list[Incoming] = []
 
@@ -126,11 +126,11 @@ async def test_handlers_see_only_signed_headers(world: InboxWorld) -> None:
 
     receiver = WebhookReceiver(world.consumer(before_effect=record), secret=SECRET)
     async with ReceiverServer(receiver) as server:
-        added = {**as_sent(request), "x-role": "admin", "traceparent": "00-" + "1" * 32 + "-"}
+        added = {**as_sent(request), "role": "admin", "traceparent": "00-" + "1" * 32 + "-"}
         response = await send(server, added, request.body)
     assert response.status_code == 200
     (got,) = seen
-    assert got.headers == {"x-app": "shop"}
+    assert got.headers == {"app": "shop"}
     assert got.traceparent is None
 
 

@@ -71,7 +71,7 @@ from typing import Any
 
 from relaybox.consumers.base import DEFAULTS
 from relaybox.core import envelope
-from relaybox.core.incoming import Incoming
+from relaybox.core.incoming import Incoming, parse_json
 from relaybox.errors import ConfigurationError, EnvelopeError, SignatureError
 from relaybox.inbox.consumer import Consumer, Processed
 from relaybox.publishers.http import (
@@ -158,10 +158,7 @@ def _decode(
 
 
 def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError as error:
-        raise EnvelopeError(f"the request body is not JSON: {error}") from None
+    return parse_json(body, "the request body")
 
 
 def _structured(event: Any, topic: str, headers: Mapping[str, str]) -> Incoming:
