@@ -9,6 +9,7 @@ import signal
 
 import click
 
+from relaybox.cli import output
 from relaybox.core.circuit import CircuitPolicy
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.retry import RetryPolicy
@@ -54,9 +55,9 @@ async def serve(
             await server.start()
             relay.sample_stats(STATS_EVERY)
         await relay.start()
-        click.echo(f"relay {relay.worker} running; targets: {', '.join(relay.publishers)}")
+        output.line(f"relay {relay.worker} running; targets: {', '.join(relay.publishers)}")
         if server is not None:
-            click.echo(f"status endpoints on {server.url} (/metrics, /api/outbox, /healthz)")
+            output.line(f"status endpoints on {server.url} (/metrics, /api/outbox, /healthz)")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), max_seconds)
     finally:
@@ -65,7 +66,7 @@ async def serve(
         if server is not None:
             await server.close()
         await relay.stop()
-    click.echo(f"relay {relay.worker} stopped")
+    output.line(f"relay {relay.worker} stopped")
 
 
 #: With --http, each table's counts are read this often (and when scraped, if older).
@@ -178,4 +179,4 @@ def relay(
         engine = Relay(list(databases), parse_brokers(brokers), table=table, settings=settings)
         asyncio.run(serve(engine, max_seconds=max_seconds, http=address))
     except RelayboxError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise output.Failure(str(exc)) from exc
