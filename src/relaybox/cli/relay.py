@@ -97,6 +97,12 @@ _CIRCUIT = _DEFAULTS.circuit
 @click.option("--table", default=DEFAULT_TABLE, show_default=True)
 @click.option("--batch-size", default=_DEFAULTS.batch_size, show_default=True)
 @click.option("--max-in-flight", default=_DEFAULTS.max_in_flight, show_default=True)
+@click.option(
+    "--max-claim-bytes",
+    default=_DEFAULTS.max_claim_bytes,
+    show_default=True,
+    help="Payload bytes one batch may hold (a larger message goes alone).",
+)
 @click.option("--lease", "lease_seconds", default=_DEFAULTS.lease_seconds, show_default=True)
 @click.option("--publish-timeout", default=_DEFAULTS.publish_timeout, show_default=True)
 @click.option(
@@ -153,7 +159,7 @@ def relay(
     max_in_flight: int, lease_seconds: float, publish_timeout: float, partitions: int,
     no_partition_leases: bool, retry_base: float, retry_max: float, retry_jitter: float,
     max_attempts: int, circuit_threshold: int, circuit_open: float, circuit_max_open: float,
-    idle_interval: float,
+    idle_interval: float, max_claim_bytes: int,
     published_retention: float, abandoned_retention: float, cleanup_interval: float,
     shutdown_timeout: float, http: str | None, max_seconds: float | None, log_level: str,
 ) -> None:  # fmt: skip
@@ -165,7 +171,7 @@ def relay(
         settings = RelaySettings(
             batch_size=batch_size, max_in_flight=max_in_flight, lease_seconds=lease_seconds,
             publish_timeout=publish_timeout, partitions=partitions,
-            partition_leases=not no_partition_leases,
+            partition_leases=not no_partition_leases, max_claim_bytes=max_claim_bytes,
             retry=RetryPolicy(base_delay=retry_base, max_delay=retry_max, jitter=retry_jitter,
                               max_attempts=max_attempts),
             circuit=CircuitPolicy(failure_threshold=circuit_threshold, open_seconds=circuit_open,

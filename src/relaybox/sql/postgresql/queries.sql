@@ -115,12 +115,13 @@ ORDER BY r.ord;
 -- name: claim
 -- The row-lease claim: one call of {prefix}_claim (schema.sql explains it).
 -- $1 worker, $2 limit, $3 partitions or NULL, $4 partition count, $5 targets or NULL,
--- $6 token, $7 lease s, $8 the table's claim-lock key.
+-- $6 token, $7 lease s, $8 the table's claim-lock key, $9 the byte budget, $10 whether
+-- a first payload over it goes alone.
 SELECT expired, seq, id, target, external, topic, key, partition, type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
     attempts
 FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::integer, $5::text[],
-    $6::uuid, $7::float8, $8::integer);
+    $6::uuid, $7::float8, $8::integer, $9::bigint, $10::boolean);
 
 -- name: read
 -- The owned read of a relay that holds partitions: up to $1 due rows of its partitions
@@ -139,7 +140,12 @@ FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::integer, $5::text[
 -- (2 x limit + rows in flight). Long lists travel as one text parameter: asyncpg checks
 -- every element of an array parameter, where one string costs nothing.
 -- The window's rows come first, in seq order; {prefix}_read_past, called only when
--- they are fewer than $1, adds rows past the window, all of higher seqs.
+-- they are fewer than $1 (and their payloads fewer bytes than $8), adds rows past the
+-- window, all of higher seqs.
+-- $8 the byte budget: the rows found go in seq order while their payloads together
+-- stay within it, and, if $9, a first payload larger on its own goes alone. The
+-- running sum is taken over the rows already limited, in an outer query of its own,
+-- so the plan that finds them stays what it was.
 WITH picked AS (
     SELECT w.seq, w.id, w.target, w.external, w.topic, w.key,
         w.partition % $3::integer AS partition, w.type, w.content_type, w.payload,
@@ -170,11 +176,23 @@ WITH picked AS (
     ORDER BY w.seq
     LIMIT $1::integer
 )
-SELECT * FROM picked
-UNION ALL
-SELECT * FROM {prefix}_read_past($1::integer - (SELECT count(*) FROM picked)::integer,
-    $2::integer[], $3::integer, $4::text[], $5::text::bigint[], $7::integer)
-WHERE (SELECT count(*) FROM picked) < $1::integer;
+SELECT f.seq, f.id, f.target, f.external, f.topic, f.key, f.partition, f.type,
+    f.content_type, f.payload, f.headers, f.correlation_id, f.causation_id, f.tenant_id,
+    f.aggregate_id, f.occurred_at, f.attempts, f.blocked
+FROM (
+    SELECT found.*, sum(octet_length(found.payload)) OVER (ORDER BY found.seq) AS through
+    FROM (
+        SELECT * FROM picked
+        UNION ALL
+        SELECT * FROM {prefix}_read_past(
+            $1::integer - (SELECT count(*) FROM picked)::integer, $2::integer[],
+            $3::integer, $4::text[], $5::text::bigint[], $7::integer)
+        WHERE (SELECT count(*) FROM picked) < $1::integer
+          AND (SELECT coalesce(sum(octet_length(payload)), 0) FROM picked) < $8::bigint
+    ) AS found
+) AS f
+WHERE f.through <= $8::bigint OR ($9::boolean AND f.through = octet_length(f.payload))
+ORDER BY f.seq;
 
 -- The owned settle: what a relay holding partitions learned about rows it read. Each
 -- statement changes only rows in a partition of their target that the worker still

@@ -124,9 +124,14 @@ CREATE TABLE IF NOT EXISTS {table}_partitions (
 -- A row whose lease ran out goes back to pending (expired = true, not claimed) and
 -- blocks its key in this call; the caller claims again, which takes it and what waited
 -- behind it, in order. A row's partition is its stored key hash modulo p_count.
+-- Last, the byte budget: the rows chosen go in seq order while their payloads together
+-- stay within p_max_bytes, and, if p_alone, a first payload larger on its own goes
+-- alone. Cutting the tail of a seq-ordered choice leaves every key's taken rows a run
+-- from its head, so order holds.
 CREATE OR REPLACE FUNCTION {prefix}_claim(
     p_worker text, p_limit integer, p_partitions integer[], p_count integer,
-    p_targets text[], p_token uuid, p_lease float8, p_lock_key integer)
+    p_targets text[], p_token uuid, p_lease float8, p_lock_key integer,
+    p_max_bytes bigint, p_alone boolean)
 RETURNS TABLE (
     expired boolean, seq bigint, id uuid, target text, external boolean, topic text,
     key text, partition integer, type text, content_type text, payload bytea,
@@ -242,6 +247,14 @@ BEGIN
             ORDER BY x.seq
             LIMIT v_room);
     END IF;
+
+    v_seqs := ARRAY(
+        SELECT c.seq FROM (
+            SELECT o.seq, octet_length(o.payload) AS size,
+                sum(octet_length(o.payload)) OVER (ORDER BY o.seq) AS through
+            FROM {table} o WHERE o.seq = ANY (v_seqs)) AS c
+        WHERE c.through <= p_max_bytes OR (p_alone AND c.through = c.size)
+        ORDER BY c.seq);
 
     RETURN QUERY
     UPDATE {table} o
