@@ -374,6 +374,18 @@ async def test_a_claim_stops_at_its_byte_budget_and_a_larger_payload_goes_alone(
     ]
 
 
+async def test_a_claim_past_a_blocked_window_keeps_its_byte_budget(backend: Backend) -> None:
+    await write(backend, *[sized("bad", 10) for _ in range(150)])
+    await write(backend, sized("good", 300), sized("good", 300), sized(None, 300))
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
+    (head,) = claim.messages
+    await backend.storage.mark_failed(claim.token, [Failure(head.seq, "nope", 60)])
+    found = await backend.storage.claim("w1", limit=4, lease_seconds=LEASE, max_bytes=650)
+    assert [(m.key, len(m.payload)) for m in found.messages] == [("good", 300), ("good", 300)]
+    alone = await backend.storage.claim("w1", limit=4, lease_seconds=LEASE, max_bytes=100)
+    assert [(m.key, len(m.payload)) for m in alone.messages] == [(None, 300)]
+
+
 async def test_rows_whose_lease_ran_out_are_claimed_again_within_the_byte_budget(
     backend: Backend,
 ) -> None:

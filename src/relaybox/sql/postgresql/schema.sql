@@ -102,6 +102,23 @@ CREATE TABLE IF NOT EXISTS {table}_partitions (
     CONSTRAINT {prefix}_partitions_lease_ck CHECK ((owner IS NULL) = (lease_until IS NULL))
 );
 
+-- The byte budget of a claim or read, on seqs already chosen: those, in seq order,
+-- whose payloads together stay within p_max_bytes, and, if p_alone, a first payload
+-- larger on its own, alone. octet_length reads a stored payload's length, not the
+-- payload.
+CREATE OR REPLACE FUNCTION {prefix}_within(
+    p_seqs bigint[], p_max_bytes bigint, p_alone boolean)
+RETURNS bigint[]
+LANGUAGE sql STABLE AS $$
+    SELECT ARRAY(
+        SELECT c.seq FROM (
+            SELECT o.seq, octet_length(o.payload) AS size,
+                sum(octet_length(o.payload)) OVER (ORDER BY o.seq) AS through
+            FROM {table} o WHERE o.seq = ANY (p_seqs)) AS c
+        WHERE c.through <= p_max_bytes OR (p_alone AND c.through = c.size)
+        ORDER BY c.seq)
+$$;
+
 -- The row-lease claim, for relays run without partition leases, in one round trip.
 -- Claims of one partition take turns: a claim first takes transaction-scoped advisory
 -- locks (the two-int key space, apart from the writers' bigint key locks): (p_lock_key,
@@ -127,7 +144,9 @@ CREATE TABLE IF NOT EXISTS {table}_partitions (
 -- Last, the byte budget: the rows chosen go in seq order while their payloads together
 -- stay within p_max_bytes, and, if p_alone, a first payload larger on its own goes
 -- alone. Cutting the tail of a seq-ordered choice leaves every key's taken rows a run
--- from its head, so order holds.
+-- from its head, so order holds. The window's rows bring their payload sizes along,
+-- and the running sum is taken only when their total is over the budget; rows found
+-- past the window are cut by {prefix}_within to what the window's rows left of it.
 CREATE OR REPLACE FUNCTION {prefix}_claim(
     p_worker text, p_limit integer, p_partitions integer[], p_count integer,
     p_targets text[], p_token uuid, p_lease float8, p_lock_key integer,
@@ -142,6 +161,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_window integer := 4 * p_limit;
     v_seqs bigint[];
+    v_sizes integer[];
+    v_bytes bigint;
+    v_found integer;
     v_seen integer;
     v_last bigint;
     v_room integer;
@@ -157,9 +179,13 @@ BEGIN
         PERFORM pg_advisory_xact_lock(p_lock_key, ordered.p)
         FROM (SELECT DISTINCT unnest(p_partitions) AS p ORDER BY 1) AS ordered;
     END IF;
-    v_seqs := ARRAY(
-        SELECT w.seq FROM (
-            SELECT o.seq, o.target, o.key, o.status, o.locked_until, o.available_at
+    SELECT coalesce(array_agg(f.seq), '{}'), coalesce(array_agg(f.size), '{}'),
+        coalesce(sum(f.size), 0), count(*)
+    INTO v_seqs, v_sizes, v_bytes, v_found
+    FROM (
+        SELECT w.seq, octet_length(w.payload) AS size FROM (
+            SELECT o.seq, o.target, o.key, o.status, o.locked_until, o.available_at,
+                o.payload
             FROM {table} o
             WHERE (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
               AND (p_targets IS NULL OR o.target = ANY(p_targets))
@@ -175,8 +201,16 @@ BEGIN
                      OR NOT (h.partition % p_count
                              = ANY(coalesce(p_partitions, ARRAY[h.partition % p_count]))))))
         ORDER BY w.seq
-        LIMIT p_limit);
-    IF cardinality(v_seqs) < p_limit THEN
+        LIMIT p_limit) AS f;
+    IF v_bytes > p_max_bytes THEN
+        v_seqs := ARRAY(
+            SELECT c.seq FROM (
+                SELECT x.seq, x.size, sum(x.size) OVER (ORDER BY x.seq) AS through
+                FROM unnest(v_seqs, v_sizes) AS x(seq, size)) AS c
+            WHERE c.through <= p_max_bytes OR (p_alone AND c.through = c.size)
+            ORDER BY c.seq);
+    END IF;
+    IF v_found < p_limit THEN
         SELECT count(*), max(w.seq) INTO v_seen, v_last FROM (
             SELECT o.seq FROM {table} o
             WHERE (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
@@ -185,8 +219,8 @@ BEGIN
             LIMIT v_window) AS w;
     END IF;
 
-    IF v_seen = v_window AND cardinality(v_seqs) < p_limit THEN
-        v_room := p_limit - cardinality(v_seqs);
+    IF v_seen = v_window AND v_found < p_limit AND v_bytes < p_max_bytes THEN
+        v_room := p_limit - v_found;
         SELECT coalesce(array_agg(c.seq ORDER BY c.seq), '{}'),
                array_agg(c.target ORDER BY c.seq), array_agg(c.key ORDER BY c.seq)
         INTO v_heads, v_head_targets, v_head_keys
@@ -224,7 +258,7 @@ BEGIN
             LIMIT v_room
         ) AS c;
         v_per_key := (v_room + cardinality(v_heads) - 1) / greatest(cardinality(v_heads), 1);
-        v_seqs := v_seqs || ARRAY(
+        v_seqs := v_seqs || {prefix}_within(ARRAY(
             SELECT x.seq FROM (
                 SELECT hd.seq FROM unnest(v_heads, v_head_keys) AS hd(seq, key)
                 WHERE hd.key IS NULL
@@ -245,16 +279,8 @@ BEGIN
                 WHERE hd.key IS NOT NULL AND (r.seq = hd.seq OR r.ok)
             ) AS x
             ORDER BY x.seq
-            LIMIT v_room);
+            LIMIT v_room), p_max_bytes - v_bytes, p_alone AND v_bytes = 0);
     END IF;
-
-    v_seqs := ARRAY(
-        SELECT c.seq FROM (
-            SELECT o.seq, octet_length(o.payload) AS size,
-                sum(octet_length(o.payload)) OVER (ORDER BY o.seq) AS through
-            FROM {table} o WHERE o.seq = ANY (v_seqs)) AS c
-        WHERE c.through <= p_max_bytes OR (p_alone AND c.through = c.size)
-        ORDER BY c.seq);
 
     RETURN QUERY
     UPDATE {table} o
@@ -280,10 +306,11 @@ $$;
 -- hold, or waiting keys, filled it), this finds the rows past it as the claim above
 -- does: the heads of keys and keyless rows past the window, each head with its run, up
 -- to p_room rows, in seq order. p_window is the window's size (2 x limit + rows in
--- flight). It writes nothing.
+-- flight). Last, the byte budget, as the claim above cuts it (p_max_bytes, p_alone).
+-- It writes nothing.
 CREATE OR REPLACE FUNCTION {prefix}_read_past(
     p_room integer, p_partitions integer[], p_count integer, p_targets text[],
-    p_busy bigint[], p_window integer)
+    p_busy bigint[], p_window integer, p_max_bytes bigint, p_alone boolean)
 RETURNS TABLE (
     seq bigint, id uuid, target text, external boolean, topic text,
     key text, partition integer, type text, content_type text, payload bytea,
@@ -370,6 +397,7 @@ BEGIN
         ) AS x
         ORDER BY x.seq
         LIMIT p_room);
+    v_seqs := {prefix}_within(v_seqs, p_max_bytes, p_alone);
     RETURN QUERY
     SELECT o.seq, o.id, o.target, o.external, o.topic, o.key, o.partition % p_count,
         o.type, o.content_type, o.payload, o.headers::text, o.correlation_id,
