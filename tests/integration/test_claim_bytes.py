@@ -120,6 +120,7 @@ async def test_no_claim_holds_more_than_the_byte_budget(
     expected: dict[str | None, list[int]] = defaultdict(list)
     for message in backlog:
         expected[message.key].append(int(message.headers["n"]))
+    assert sorted(tally.order.pop(None)) == sorted(expected.pop(None))  # keyless: unordered
     assert tally.order == expected  # every message once, each key in order
 
 
@@ -140,4 +141,57 @@ async def test_a_backlog_of_large_messages_is_read_within_the_default_budget(
     taken = [sizes for sizes in reads.sizes if sizes]
     assert max(sum(sizes) for sizes in taken) <= budget, [len(sizes) for sizes in taken]
     assert sum(map(len, taken)) == 200
-    assert all(tally.order[key] == list(range(i, 200, 6)) for i, key in enumerate(keys))
+    assert sorted(tally.order[None]) == list(range(5, 200, 6))  # keyless: unordered
+    assert all(tally.order[key] == list(range(i, 200, 6)) for i, key in enumerate(keys[:5]))
+
+
+@pytest.fixture
+async def two_targets(tmp_path: Path) -> AsyncIterator[OutboxDB]:
+    async for each in outbox_db("memory", tmp_path, targets=("default", "audit")):
+        yield each
+
+
+async def test_a_claim_over_several_sets_of_partitions_keeps_one_budget(
+    two_targets: OutboxDB,
+) -> None:
+    """Relay `both` serves two targets; relay `audit` shares one of them, so `both` holds
+    all of one target's partitions and half of the other's, and reads each set on its
+    own in every claim. The claim's payloads stay within one budget over both reads, and
+    a message larger than the budget, on either target, still goes (alone)."""
+    db, budget, large = two_targets, 300 * KIB, 400 * KIB
+    backlog = [
+        Message(topic="blobs", key=key, payload=os.urandom(size), headers={"n": str(n)},
+                targets=[target])
+        for n in range(10)
+        for target in ("default", "audit")
+        for key, size in (("a", 60 * KIB), ("b", 60 * KIB), (None, large if n == 5 else 1))
+    ]  # fmt: skip
+    default, audit, shared = Tally(), Tally(), Tally()
+    settings = fast_settings(max_claim_bytes=budget)
+    both = Relay(db.database, {"default": default, "audit": audit}, table=db.table,
+                 settings=settings)  # fmt: skip
+    other = Relay(db.database, {"audit": shared}, table=db.table, settings=settings)
+    claims: list[tuple[int, int]] = []  # (sets of partitions read, payload bytes)
+    async with both, other:
+        (processor,) = both.processors
+        claim = processor._claim
+
+        async def noted(targets: list[str]) -> Claim | None:
+            sets = len({str(processor._scope.get(t)) for t in targets})  # type: ignore[attr-defined]
+            found = await claim(targets)
+            if found is not None and found.messages:
+                claims.append((sets, sum(len(m.payload) for m in found.messages)))
+            return found
+
+        processor._claim = noted  # type: ignore[method-assign]
+        held = lambda: processor.partitions or {}  # noqa: E731
+        await eventually(lambda: 0 < len(held().get("audit", ())) < 8 == len(held()["default"]))
+        await db.write(backlog)
+        both.wake()
+        other.wake()
+        await eventually(lambda: default.count + audit.count + shared.count == len(backlog))
+    assert any(sets == 2 for sets, _ in claims), claims
+    assert all(total <= budget or total == large for _, total in claims), claims
+    assert default.count == 30
+    for tally in (default, audit, shared):  # each key in order (keyless ones are not)
+        assert all(numbers == sorted(numbers) for key, numbers in tally.order.items() if key)

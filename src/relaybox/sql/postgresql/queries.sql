@@ -145,8 +145,8 @@ FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::integer, $5::text[
 -- $8 the byte budget: the rows go in seq order while their payloads together stay
 -- within it, and, if $9, a first payload larger on its own goes alone. The cut is
 -- taken over the rows already limited, outside the query that finds them, so that
--- plan stays what it was; and the running sum only when their total is over the budget
--- (a window function over a whole batch measured about half a millisecond).
+-- plan stays what it was; and the running sum (a window function, dearer than the
+-- plain sum) only when their total is over the budget.
 WITH picked AS (
     SELECT w.seq, w.id, w.target, w.external, w.topic, w.key,
         w.partition % $3::integer AS partition, w.type, w.content_type, w.payload,
