@@ -39,7 +39,8 @@ VALUES;
 -- itself a candidate. Rows behind a head that is not due or is leased are skipped
 -- inside the scan, so a key with a long blocked backlog never uses up the limit for the
 -- other keys. Last, the byte budget: the claimable rows go in seq order while their
--- payloads together stay within ?8 (length() of a blob reads no blob).
+-- payloads together stay within ?8 (length() of a blob reads no blob); the running sum
+-- (a window function, dearer than the plain sum) only when their total is over it.
 WITH candidates AS MATERIALIZED (
     SELECT seq, target, "key", length(payload) AS size FROM {table} o
     WHERE status IN ('pending', 'processing', 'failed')
@@ -65,9 +66,12 @@ WITH candidates AS MATERIALIZED (
           AND e.status IN ('pending', 'processing', 'failed')
           AND e.seq NOT IN (SELECT x.seq FROM candidates x))
 ), kept AS (
-    SELECT seq FROM (
-        SELECT seq, size, sum(size) OVER (ORDER BY seq) AS through FROM claimable)
-    WHERE through <= ?8 OR (?9 AND through = size)
+    SELECT seq FROM claimable
+    WHERE (SELECT sum(size) FROM claimable) <= ?8
+       OR seq <= (
+           SELECT max(seq) FROM (
+               SELECT seq, size, sum(size) OVER (ORDER BY seq) AS through FROM claimable)
+           WHERE through <= ?8 OR (?9 AND through = size))
 )
 UPDATE {table}
 SET status = 'processing', locked_by = ?5, lock_token = ?6,
@@ -84,8 +88,9 @@ RETURNING seq, id, target, external, topic, "key", "partition", type, content_ty
 -- ?1 seqs in flight JSON, ?2 partitions JSON or NULL, ?3 partition count, ?4 targets
 -- JSON or NULL, ?5 limit, ?6 the byte budget, ?7 whether a first payload over it goes
 -- alone. The rows are chosen by seq and payload size alone (length() of a blob reads
--- no blob), cut to the byte budget, and only those kept are read whole: the payloads of
--- rows past the budget are never loaded.
+-- no blob), cut to the byte budget (the running sum only when their total is over it),
+-- and only those kept are read whole: the payloads of rows past the budget are never
+-- loaded.
 -- `clock` reads 'now' once: SQLite keeps 'now' steady only within one sqlite3_step, and
 -- each row this SELECT returns is a step of its own. Read per row, a head whose delay
 -- ends between two steps would not be due when its own row was scanned, yet no longer
@@ -117,8 +122,12 @@ WITH busy(target, "key") AS MATERIALIZED (
     ORDER BY seq
     LIMIT ?5
 ), kept AS (
-    SELECT seq FROM (SELECT seq, size, sum(size) OVER (ORDER BY seq) AS through FROM picked)
-    WHERE through <= ?6 OR (?7 AND through = size)
+    SELECT seq FROM picked
+    WHERE (SELECT sum(size) FROM picked) <= ?6
+       OR seq <= (
+           SELECT max(seq) FROM (
+               SELECT seq, size, sum(size) OVER (ORDER BY seq) AS through FROM picked)
+           WHERE through <= ?6 OR (?7 AND through = size))
 )
 SELECT seq, id, target, external, topic, "key", "partition", type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
