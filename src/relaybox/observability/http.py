@@ -84,6 +84,8 @@ class StatusServer:
         self._acceptors: list[asyncio.Task[None]] = []
         #: Every connection being served, by its task, oldest first.
         self._handlers: dict[asyncio.Task[None], _Client] = {}
+        #: Those, and the ones that gave way and are winding up.
+        self._tasks: set[asyncio.Task[None]] = set()
         self._turned_away = _Throttled("status endpoints: %s", logging.WARNING)
         self._failed = _Throttled("status endpoint %s failed", logging.ERROR)
         self._routes: dict[str, Callable[[], Awaitable[Response]]] = {
@@ -118,7 +120,7 @@ class StatusServer:
     async def close(self) -> None:
         """Stop listening and end the requests being served (before the relay stops,
         so that no request reads from a relay that is going away)."""
-        running = [*self._acceptors, *self._handlers]
+        running = [*self._acceptors, *self._tasks]
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
@@ -149,7 +151,10 @@ class StatusServer:
                 connection.close()
                 continue
             client = _Client(writer)
-            self._handlers[asyncio.create_task(self._serve(reader, client))] = client
+            task = asyncio.create_task(self._serve(reader, client))
+            self._handlers[task] = client
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
             # Let the connections given way to close before the next is taken.
             await asyncio.sleep(0)
 
