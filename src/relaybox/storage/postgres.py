@@ -51,7 +51,7 @@ SESSION_SETTINGS = {
     "application_name": "relaybox",
 }
 
-
+#: Where a claimed row has its payload, once its `expired` flag is cut off.
 _PAYLOAD = CLAIM_COLUMNS.index("payload")
 
 
