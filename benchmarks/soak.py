@@ -335,7 +335,8 @@ def drop_tables(db_url: str, table: str) -> None:
     names = ", ".join([table, *(f"{table}_{suffix}" for suffix in SIDE_TABLES)])
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {names}")
-        conn.execute(f"DROP FUNCTION IF EXISTS {index_prefix(table)}_claim")
+        for function in ("claim", "read_past", "within"):
+            conn.execute(f"DROP FUNCTION IF EXISTS {index_prefix(table)}_{function}")
 
 
 # -- the run --------------------------------------------------------------------------

@@ -53,6 +53,8 @@ class PartitionStorage(Storage, Protocol):
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
         in_flight: Sequence[StoredMessage] = (),
+        max_bytes: int | None = None,
+        at_least_one: bool = True,
     ) -> list[StoredMessage]:
         """Up to `limit` due rows of `partitions` (of `partition_count`; a row's
         partition is its stored key hash modulo the count; None: all) and `targets`
@@ -62,6 +64,10 @@ class PartitionStorage(Storage, Protocol):
         row whose (target, key) has an earlier row in flight, waiting (a delay or a
         backoff) or claimed by a row-lease relay. Keys with a waiting head never use up
         `limit` for the others, however long their backlog. Rows come in seq order.
+
+        With `max_bytes`, the rows stop before the one that would take their payloads
+        together past it, and a first row larger on its own comes alone (or, without
+        `at_least_one`, not at all): the database sends no more than that.
         """
 
     async def settle(
@@ -121,13 +127,14 @@ class RowLeaseStorage(Storage, Protocol):
         partitions: Sequence[int] | None = None,
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
+        max_bytes: int | None = None,
     ) -> Claim:
         """Lease up to `limit` due rows, oldest first, keeping per-(target, key) order.
 
         A row is handed out only if no earlier row of its (target, key) is still live
         outside this claim, so two workers can never publish one key out of order. A
-        row whose lease ran out is taken again. `partitions` and `targets` as in
-        `PartitionStorage.read`.
+        row whose lease ran out is taken again. `partitions`, `targets` and `max_bytes`
+        as in `PartitionStorage.read`.
         """
 
     async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import resource
 import signal
 import socket
 import subprocess
@@ -102,3 +104,71 @@ def test_a_port_in_use_is_a_clear_error(db: OutboxDB, tmp_path: Path) -> None:
         code = proc.wait(30)
     assert code != 0
     assert "cannot serve the status endpoints on 127.0.0.1" in (tmp_path / "relay.log").read_text()
+
+
+async def _trickle(port: int, stop: asyncio.Event) -> None:
+    """A client that sends its request a header line at a time, forever, and connects
+    again whenever it is dropped."""
+    while not stop.is_set():
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /healthz HTTP/1.1\r\n")
+            while not stop.is_set():
+                writer.write(b"X-Slow: 1\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.5)
+        except OSError:
+            await asyncio.sleep(0.05)
+        else:
+            writer.close()
+
+
+def _descriptors(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+async def test_many_slow_clients_neither_starve_the_relay_nor_flood_its_log(
+    db: OutboxDB, tmp_path: Path
+) -> None:
+    """400 clients trickle their requests to the status port of a relay allowed 256
+    descriptors: the relay keeps its descriptors within the connection bound, answers a
+    client that asks at once, keeps delivering, and logs a line now and then."""
+    port, out, log = free_port(), tmp_path / "out.jsonl", tmp_path / "relay.log"
+
+    command = [
+        RELAYBOX, "relay", "--db", db.url, "--table", db.table, "--broker", f"default=file://{out}",
+        "--http", f"127.0.0.1:{port}", "--idle-interval", "0.1", "--log-level", "INFO",
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (256, 256))
+    stop = asyncio.Event()
+    clients: list[asyncio.Task[None]] = []
+    try:
+        await eventually(lambda: _get(port, "/readyz")[0] == 200, timeout=30)
+        calm = _descriptors(proc.pid)
+        clients = [asyncio.create_task(_trickle(port, stop)) for _ in range(400)]
+        await db.write(messages(["a", "b", None], per_key=50))
+        most, answers, started = calm, [], time.monotonic()
+        while time.monotonic() - started < 8:
+            await asyncio.sleep(0.05)
+            most = max(most, _descriptors(proc.pid))
+            if len(answers) < 10:
+                answers.append(await asyncio.to_thread(_get, port, "/healthz"))
+        assert most <= calm + 64 + 8, (calm, most)  # relaybox serves 64 connections at once
+        assert answers == [(200, "ok\n")] * 10
+        await eventually(lambda: out.exists() and len(out.read_text().splitlines()) == 150)
+    finally:
+        stop.set()
+        for client in clients:
+            client.cancel()
+        await asyncio.gather(*clients, return_exceptions=True)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    assert code == 0
+    text = log.read_text()
+    assert "Traceback" not in text
+    assert len(text) < 5000, text[:2000]
+    assert "dropped the oldest that had not sent its request yet" in text

@@ -351,6 +351,54 @@ async def test_a_blocked_backlog_far_longer_than_the_claim_hides_no_other_row(
     assert taken == sorted(taken)
 
 
+def sized(key: str | None, size: int) -> Message:
+    """A message whose payload is `size` bytes (one target: the default)."""
+    return Message(topic="orders", key=key, payload=b"x" * size, targets=["default"])
+
+
+async def test_a_claim_stops_at_its_byte_budget_and_a_larger_payload_goes_alone(
+    backend: Backend,
+) -> None:
+    await write(backend, sized("a", 300), sized("b", 300), sized("a", 300), sized(None, 900),
+                sized("b", 0), sized("c", 100))  # fmt: skip
+    claims = []
+    while (claim := await backend.storage.claim("w1", limit=10, lease_seconds=LEASE,
+                                                max_bytes=700)).messages:  # fmt: skip
+        claims.append([(m.key, len(m.payload)) for m in claim.messages])
+        await backend.storage.mark_published(claim.token, [m.seq for m in claim.messages])
+    assert claims == [
+        [("a", 300), ("b", 300)],
+        [("a", 300)],
+        [(None, 900)],  # larger than the budget on its own: alone
+        [("b", 0), ("c", 100)],
+    ]
+
+
+async def test_a_claim_past_a_blocked_window_keeps_its_byte_budget(backend: Backend) -> None:
+    await write(backend, *[sized("bad", 10) for _ in range(150)])
+    await write(backend, sized("good", 300), sized("good", 300), sized(None, 300))
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
+    (head,) = claim.messages
+    await backend.storage.mark_failed(claim.token, [Failure(head.seq, "nope", 60)])
+    found = await backend.storage.claim("w1", limit=4, lease_seconds=LEASE, max_bytes=650)
+    assert [(m.key, len(m.payload)) for m in found.messages] == [("good", 300), ("good", 300)]
+    alone = await backend.storage.claim("w1", limit=4, lease_seconds=LEASE, max_bytes=100)
+    assert [(m.key, len(m.payload)) for m in alone.messages] == [(None, 300)]
+
+
+async def test_rows_whose_lease_ran_out_are_claimed_again_within_the_byte_budget(
+    backend: Backend,
+) -> None:
+    await write(backend, sized("a", 400), sized("b", 400), sized("c", 400))
+    stale = await backend.storage.claim("w1", limit=2, lease_seconds=WINDOW)
+    assert [m.key for m in stale.messages] == ["a", "b"]
+    await asyncio.sleep(WINDOW + 0.3)
+    again = await backend.storage.claim("w2", limit=10, lease_seconds=LEASE, max_bytes=500)
+    assert [m.key for m in again.messages] == ["a"]
+    rest = await backend.storage.claim("w2", limit=10, lease_seconds=LEASE, max_bytes=900)
+    assert [m.key for m in rest.messages] == ["b", "c"]
+
+
 async def test_a_key_leased_elsewhere_does_not_use_up_the_claim_limit(backend: Backend) -> None:
     await write(backend, *[msg("busy") for _ in range(30)], msg("free"))
     first = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
@@ -568,6 +616,36 @@ async def test_a_read_skips_what_is_in_flight_and_holds_back_its_keys(backend: B
     keyless = [m for m in beside if m.key is None]
     again = await backend.storage.read(limit=10, in_flight=in_flight(*keyless))
     assert [m.key for m in again] == ["k1", "k1", "k2", "k1"]
+
+
+async def test_a_read_stops_at_its_byte_budget_and_a_larger_payload_goes_alone(
+    backend: Backend,
+) -> None:
+    await write(backend, sized("a", 300), sized("b", 300), sized("a", 300), sized(None, 900),
+                sized("b", 0), sized("c", 100))  # fmt: skip
+    first = await backend.storage.read(limit=10, max_bytes=700)
+    assert [(m.key, len(m.payload)) for m in first] == [("a", 300), ("b", 300)]
+    assert await backend.storage.read(limit=10, max_bytes=700) == first  # nothing written
+    alone = await backend.storage.read(limit=10, max_bytes=700, in_flight=first)
+    assert [(m.key, len(m.payload)) for m in alone] == [(None, 900)]
+    none = await backend.storage.read(limit=10, max_bytes=700, in_flight=first,
+                                      at_least_one=False)  # fmt: skip
+    assert none == []
+    rest = await backend.storage.read(limit=10, max_bytes=700, in_flight=[*first, *alone])
+    assert [(m.key, len(m.payload)) for m in rest] == [("c", 100)]
+    assert len(await backend.storage.read(limit=10)) == 6  # without a budget: every row
+
+
+async def test_a_read_past_a_blocked_window_keeps_its_byte_budget(backend: Backend) -> None:
+    await hold_everything(backend)
+    await write(backend, *[sized("bad", 10) for _ in range(150)])
+    await write(backend, sized("good", 300), sized("good", 300), sized(None, 300))
+    head, *_ = await backend.storage.read(limit=1)
+    await backend.storage.settle("w1", failed=[Failure(head.seq, "nope", 60)])
+    found = await backend.storage.read(limit=4, max_bytes=650)
+    assert [(m.key, len(m.payload)) for m in found] == [("good", 300), ("good", 300)]
+    alone = await backend.storage.read(limit=4, max_bytes=100, in_flight=found)
+    assert [(m.key, len(m.payload)) for m in alone] == [(None, 300)]
 
 
 async def test_settle_changes_only_rows_in_partitions_the_worker_holds(

@@ -81,3 +81,24 @@ async def test_a_missing_table_and_an_unreachable_database_are_clear_errors() ->
     assert unreachable.exit_code == 1
     assert "s3cret" not in unreachable.output
     assert "postgres:***@127.0.0.1:1" in unreachable.output
+
+
+async def test_parked_list_prints_no_control_character_of_a_stored_row(
+    world: InboxWorld,
+) -> None:
+    """A message id (and so the handler's error, which repeats it) carrying a window
+    title, a screen clear and a bidi override reaches the terminal escaped."""
+    hostile = "evil\x1b]0;pwn\x07\x1b[2J\u202e"
+    consumer = world.consumer(before_effect=failing({hostile}))
+    outcome = await consumer.process(incoming(hostile), max_attempts=1)
+    assert outcome is Processed.PARKED
+    listed = await relaybox("parked", "list", "--db", world.url, "--inbox-table", world.table)
+    assert listed.exit_code == 0, listed.output
+    assert listed.output.replace("\n", "").isprintable()
+    escaped = "evil\\x1b]0;pwn\\x07\\x1b[2J\\u202e"
+    assert f"id={escaped}" in listed.output
+    assert f"RuntimeError: {escaped} cannot be applied" in listed.output
+    as_json = await relaybox("parked", "list", "--db", world.url, "--inbox-table", world.table,
+                             "--json")  # fmt: skip
+    assert as_json.output.isascii()
+    assert json.loads(as_json.output)[0]["message_id"] == hostile

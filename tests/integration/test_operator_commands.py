@@ -89,6 +89,44 @@ def test_abandoned_lists_the_errors_newest_first(
     assert "too large" not in out
 
 
+#: What a broker's or receiver's answer could carry to an operator's terminal: a window
+#: title (OSC 0, ended by BEL), a screen clear, a line break that fakes a row, a bidi
+#: override and a C1 control (CSI).
+HOSTILE = "\x1b]0;pwn\x07\x1b[2J bad gateway\nFAKE row\u202e\x9b2J"
+
+
+def test_abandoned_prints_no_control_character_of_a_stored_row(tmp_path: Path) -> None:
+    url, table = sqlite_url(tmp_path / "hostile.db"), unique_table("ops")
+
+    async def fill() -> None:
+        await migrate(url, table=table)
+        storage = await open_storage(url, table=table)
+        try:
+            routing = Routing.of(["default"], ["default"])
+            message = Message(topic="orders\x1b[8m", key="k\x1b]0;pwn\x07\x7f")
+            await storage.write(routing.rows([message]))
+            await storage.heartbeat("w1", partitions=64, lease_seconds=30)
+            (row,) = await storage.read(limit=10)
+            await storage.settle("w1", abandoned=[Failure(row.seq, HOSTILE)])
+        finally:
+            await storage.close()
+
+    asyncio.run(fill())
+    code, out, _ = _cli("abandoned", "--db", url, "--table", table)
+    assert code == 0, out
+    assert out.replace("\n", "").isprintable()
+    for raw in ("\x1b", "\x07", "\x7f", "\x9b", "\u202e"):
+        assert raw not in out
+    assert "key=k\\x1b]0;pwn\\x07\\x7f" in out
+    assert "orders\\x1b[8m" in out
+    assert "\\x1b]0;pwn\\x07\\x1b[2J bad gateway\\nFAKE row\\u202e\\x9b2J" in out
+    assert len(out.splitlines()) == 2  # one message, two lines: no line of the error's own
+    code, out, _ = _cli("abandoned", "--db", url, "--table", table, "--json")
+    assert code == 0
+    assert out.isascii()
+    assert json.loads(out)[0]["last_error"] == HOSTILE
+
+
 def test_replay_by_seq_then_all(outbox: tuple[str, str, dict[str, int]]) -> None:
     url, table, seqs = outbox
     code, out, _ = _cli("replay", "--db", url, "--table", table, str(seqs["a"]))

@@ -91,12 +91,13 @@ def test_a_read_walks_the_primary_key_before_the_table_is_ever_analyzed(table: s
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute("SET plan_cache_mode = force_generic_plan")
         conn.execute(
-            f"PREPARE probe(integer, integer[], integer, text[], text, text, integer) AS {query}"
+            "PREPARE probe(integer, integer[], integer, text[], text, text, integer, bigint, "
+            f"boolean) AS {query}"
         )
         plan = "\n".join(
             line
             for (line,) in conn.execute(
-                "EXPLAIN EXECUTE probe(500, NULL, 64, NULL, '{}', '[]', 1000)"
+                "EXPLAIN EXECUTE probe(500, NULL, 64, NULL, '{}', '[]', 1000, 8388608, true)"
             ).fetchall()
         )
     assert f"Index Scan using {table}_pkey on {table} o" in plan, plan

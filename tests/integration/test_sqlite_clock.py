@@ -47,7 +47,7 @@ def test_a_head_whose_delay_ends_during_the_read_still_holds_its_key_back(
 
         conn.create_function("strftime", 2, ticking_strftime)
         query = sql.queries("sqlite", table)["read"]
-        # in flight: none; all partitions and targets; limit 10
-        rows = conn.execute(query, ("[]", None, 16, None, 10)).fetchall()
+        # in flight: none; all partitions and targets; limit 10; no byte budget to speak of
+        rows = conn.execute(query, ("[]", None, 16, None, 10, 2**63 - 1, True)).fetchall()
     assert calls[0] >= 1  # the read did ask the replaced clock
     assert rows == []  # neither the head (not due) nor the row behind it

@@ -186,3 +186,15 @@ async def test_a_client_that_hangs_up_at_once_logs_no_error(
     assert await running.get("/healthz") == (200, "ok\n")
     await asyncio.sleep(0.05)
     assert [r for r in caplog.records if r.levelname == "ERROR"] == []
+
+
+async def test_a_request_too_long_is_refused(running: Running) -> None:
+    """Each header line fits the reader's limit; together they are over the request's."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", running.server.port)
+    pad = b"X-Pad: " + b"x" * 4000 + b"\r\n"
+    writer.write(b"GET /healthz HTTP/1.1\r\n" + pad + pad + pad + b"\r\n")
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 30)
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    writer.close()
+    assert await running.get("/healthz") == (200, "ok\n")

@@ -152,7 +152,7 @@ def test_the_postgresql_catalog_sees_function_bodies_and_enums() -> None:
         asyncio.run(migrate(PG_URL, table=migrated))
         catalog = "\n".join(" ".join(row) for row in _pg_catalog(migrated))  # type: ignore[arg-type]
         for expected in ("FUNCTION public.T_claim(", "FUNCTION public.T_read_past(",
-                         "T_status pending,processing"):  # fmt: skip
+                         "FUNCTION public.T_within(", "T_status pending,processing"):  # fmt: skip
             assert expected in catalog
         script = sql.schema("postgresql", edited).replace(
             "v_window integer := 4 * p_limit", "v_window integer := 5 * p_limit"

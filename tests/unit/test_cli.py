@@ -144,3 +144,34 @@ def test_importing_relaybox_or_running_a_relay_loads_no_tool() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=60, check=True)  # fmt: skip
     assert done.stdout.strip() == "[]"
+
+
+def test_printable_escapes_what_a_terminal_would_act_on() -> None:
+    from relaybox.cli.output import printable
+
+    assert printable("\x1b]0;pwn\x07\x1b[2J") == "\\x1b]0;pwn\\x07\\x1b[2J"
+    assert printable("a\nb\r\tc\x00\x7f\x9b\x85") == "a\\nb\\r\\tc\\x00\\x7f\\x9b\\x85"
+    bidi = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
+    assert printable(bidi) == "".join(f"\\u{ord(c):04x}" for c in bidi)
+    assert printable("\u2028\u2029\U000e0001") == "\\u2028\\u2029\\U000e0001"
+    assert printable("Zürich 東京 🚚 \\x1b") == "Zürich 東京 🚚 \\x1b"  # shown as they are
+    assert printable(None) == "None"
+
+
+def test_every_command_prints_through_the_escaping_output() -> None:
+    """What a command prints goes through relaybox.cli.output, which escapes stored
+    content: no module of the command line writes to the terminal any other way."""
+    import ast
+
+    import relaybox.cli
+
+    forbidden = {"echo", "secho", "print", "ClickException", "stdout", "stderr"}
+    found = []
+    for path in Path(relaybox.cli.__file__).parent.glob("*.py"):
+        if path.name == "output.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+            if name in forbidden:
+                found.append(f"{path.name}:{node.lineno} {name}")  # type: ignore[attr-defined]
+    assert found == []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import json
 import sys
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
@@ -12,6 +11,7 @@ from typing import Any, TypeVar
 import click
 
 from relaybox import sql
+from relaybox.cli import output
 from relaybox.cli.urls import database_option
 from relaybox.core.identifiers import DEFAULT_INBOX, DEFAULT_TABLE
 from relaybox.errors import RelayboxError
@@ -64,14 +64,14 @@ def migrate(db_url: str, table: str | None, inbox: bool) -> None:
         kind: sql.Kind = "inbox" if inbox else "outbox"
         report = asyncio.run(run_migrations(db_url, table=table, kind=kind))
     except RelayboxError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise output.Failure(str(exc)) from exc
     if report.applied:
         applied = ", ".join(f"{v:04d}" for v in report.applied)
-        click.echo(
+        output.line(
             f"{report.table} on {masked}: applied {applied}; now at version {report.version}"
         )
     else:
-        click.echo(f"{report.table} on {masked}: up to date at version {report.version}")
+        output.line(f"{report.table} on {masked}: up to date at version {report.version}")
 
 
 @main.command()
@@ -82,25 +82,23 @@ def schema(dialect: sql.Dialect, table: str | None, inbox: bool) -> None:
     """Print the DDL, for teams that run their own migrations (Alembic, Django)."""
     try:
         if inbox:
-            click.echo(sql.schema(dialect, table or DEFAULT_INBOX, "inbox"))
+            output.lines(sql.schema(dialect, table or DEFAULT_INBOX, "inbox"))
         else:
-            click.echo(sql.schema(dialect, table or DEFAULT_TABLE))
+            output.lines(sql.schema(dialect, table or DEFAULT_TABLE))
     except RelayboxError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise output.Failure(str(exc)) from exc
 
 
 T = TypeVar("T")
 
 
-class _Unreadable(click.ClickException):
+class _Unreadable(output.Failure):
     """`relaybox status` could not read the table: 2, where a passed limit is 1."""
 
     exit_code = 2
 
 
-def _run(
-    work: Coroutine[Any, Any, T], error: type[click.ClickException] = click.ClickException
-) -> T:
+def _run(work: Coroutine[Any, Any, T], error: type[output.Failure] = output.Failure) -> T:
     try:
         return asyncio.run(work)
     except RelayboxError as exc:
@@ -133,20 +131,20 @@ def status(
     limits = admin.Thresholds(max_pending, max_failed, max_abandoned, max_age)
     alerts = limits.breaches(stats)
     if as_json:
-        click.echo(json.dumps({
+        output.json({
             "table": table, "counts": stats.by_status(),
             "oldest_pending_age_seconds": stats.oldest_pending_age,
             "active_leases": stats.active_leases, "alerts": alerts,
-        }, indent=2))  # fmt: skip
+        })  # fmt: skip
     else:
-        click.echo(f"{table} on {DatabaseUrl.parse(db_url).masked}")
+        output.line(f"{table} on {DatabaseUrl.parse(db_url).masked}")
         for name, count in stats.by_status().items():
-            click.echo(f"  {name:<15} {count:>10}")
+            output.line(f"  {name:<15} {count:>10}")
         age = stats.oldest_pending_age
-        click.echo(f"  {'oldest pending':<15} {'-' if age is None else f'{age:.1f} s':>10}")
-        click.echo(f"  {'active leases':<15} {stats.active_leases:>10}")
+        output.line(f"  {'oldest pending':<15} {'-' if age is None else f'{age:.1f} s':>10}")
+        output.line(f"  {'active leases':<15} {stats.active_leases:>10}")
         for alert in alerts:
-            click.echo(f"ALERT: {alert}", err=True)
+            output.line(f"ALERT: {alert}", err=True)
     if alerts:
         sys.exit(1)
 
@@ -168,21 +166,21 @@ def abandoned(db_url: str, table: str, as_json: bool, limit: int, target: str | 
     `relaybox replay`)."""
     rows = _run(admin.list_abandoned(db_url, table, limit=limit, target=target))
     if as_json:
-        click.echo(json.dumps([
+        output.json([
             {"seq": m.seq, "id": str(m.id), "target": m.target, "topic": m.topic, "key": m.key,
              "type": m.type, "attempts": m.attempts, "last_error": m.last_error,
              "abandoned_at": m.abandoned_at.isoformat(), "occurred_at": m.occurred_at.isoformat()}
             for m in rows
-        ], indent=2))  # fmt: skip
+        ])  # fmt: skip
         return
     if not rows:
-        click.echo("no abandoned messages")
+        output.line("no abandoned messages")
         return
     for m in rows:
         when = m.abandoned_at.strftime("%Y-%m-%d %H:%M:%S")
-        click.echo(f"{m.seq:>10}  {when}  {m.target}  {m.topic}  key={m.key}  "
-                   f"attempts={m.attempts}  id={m.id}")  # fmt: skip
-        click.echo(f"{'':>12}{m.last_error or '(no error recorded)'}")
+        output.line(f"{m.seq:>10}  {when}  {m.target}  {m.topic}  key={m.key}  "
+                    f"attempts={m.attempts}  id={m.id}")  # fmt: skip
+        output.line(f"{'':>12}{m.last_error or '(no error recorded)'}")
 
 
 @main.command()
@@ -211,8 +209,8 @@ def replay(
             if count
             else "nothing replayed: none of the seqs given is"
         )
-        raise click.ClickException(
+        raise output.Failure(
             f"{found} abandoned in {table} (published, pending or not there); "
             "`relaybox abandoned` lists those that are"
         )
-    click.echo(f"replayed {count} message(s)" if count else "no abandoned messages to replay")
+    output.line(f"replayed {count} message(s)" if count else "no abandoned messages to replay")

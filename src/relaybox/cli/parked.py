@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
 
+from relaybox.cli import output
 from relaybox.cli.urls import database_option
 from relaybox.core.extras import installed, missing
 from relaybox.core.identifiers import DEFAULT_INBOX
@@ -63,16 +63,16 @@ def list_parked(
 
     rows = _run(db_url, table, read)
     if as_json:
-        click.echo(json.dumps([_as_json(row) for row in rows], indent=2))
+        output.json([_as_json(row) for row in rows])
         return
     if not rows:
-        click.echo(f"no {status} messages")
+        output.line(f"no {status} messages")
         return
     for row in rows:
         when = row.parked_at.strftime("%Y-%m-%d %H:%M:%S")
-        click.echo(f"{row.id:>8}  {when}  {row.consumer}  {row.message.type or '-'}  "
-                   f"{row.reason}  attempts={row.attempts}  id={row.message.id}")  # fmt: skip
-        click.echo(f"{'':>10}{row.error.splitlines()[-1] if row.error else ''}")
+        output.line(f"{row.id:>8}  {when}  {row.consumer}  {row.message.type or '-'}  "
+                    f"{row.reason}  attempts={row.attempts}  id={row.message.id}")  # fmt: skip
+        output.line(f"{'':>10}{row.error.splitlines()[-1] if row.error else ''}")
 
 
 @parked.command()
@@ -84,7 +84,7 @@ def replay(db_url: str, table: str, by: str | None, ids: tuple[int, ...]) -> Non
     """Mark parked messages (IDS, see `relaybox parked list`) for replay: a running
     consumer of each one's name applies it through its handler, once."""
     count = _run(db_url, table, lambda conn: store.request_replay(conn, ids, table=table, by=by))
-    click.echo(f"marked {count} message(s) for replay; running consumers apply them")
+    output.line(f"marked {count} message(s) for replay; running consumers apply them")
 
 
 @parked.command()
@@ -99,7 +99,7 @@ def discard(db_url: str, table: str, by: str | None, reason: str, ids: tuple[int
         db_url, table,
         lambda conn: store.discard(conn, ids, reason=reason, table=table, by=by),
     )  # fmt: skip
-    click.echo(f"discarded {count} message(s)")
+    output.line(f"discarded {count} message(s)")
 
 
 def _as_json(row: ParkedMessage) -> dict[str, Any]:
@@ -126,7 +126,7 @@ def _run(db_url: str, table: str, work: Callable[[Any], Awaitable[T]]) -> T:
         url = DatabaseUrl.parse(db_url)
         return asyncio.run(_in_transaction(url, table, work))
     except RelayboxError as error:
-        raise click.ClickException(str(error)) from error
+        raise output.Failure(str(error)) from error
 
 
 async def _in_transaction(url: DatabaseUrl, table: str, work: Callable[[Any], Awaitable[T]]) -> T:

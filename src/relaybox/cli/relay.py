@@ -9,7 +9,7 @@ import signal
 
 import click
 
-from relaybox.cli import urls
+from relaybox.cli import output, urls
 from relaybox.cli.urls import BROKER_ENV, DB_ENV, from_environment
 from relaybox.core.circuit import CircuitPolicy
 from relaybox.core.identifiers import DEFAULT_TABLE
@@ -44,9 +44,9 @@ async def serve(
             await server.start()
             relay.sample_stats(STATS_EVERY)
         await relay.start()
-        click.echo(f"relay {relay.worker} running; targets: {', '.join(relay.publishers)}")
+        output.line(f"relay {relay.worker} running; targets: {', '.join(relay.publishers)}")
         if server is not None:
-            click.echo(f"status endpoints on {server.url} (/metrics, /api/outbox, /healthz)")
+            output.line(f"status endpoints on {server.url} (/metrics, /api/outbox, /healthz)")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), max_seconds)
     finally:
@@ -55,7 +55,7 @@ async def serve(
         if server is not None:
             await server.close()
         await relay.stop()
-    click.echo(f"relay {relay.worker} stopped")
+    output.line(f"relay {relay.worker} stopped")
 
 
 #: With --http, each table's counts are read this often (and when scraped, if older).
@@ -104,6 +104,12 @@ _CIRCUIT = _DEFAULTS.circuit
 @click.option("--table", default=DEFAULT_TABLE, show_default=True)
 @click.option("--batch-size", default=_DEFAULTS.batch_size, show_default=True)
 @click.option("--max-in-flight", default=_DEFAULTS.max_in_flight, show_default=True)
+@click.option(
+    "--max-claim-bytes",
+    default=_DEFAULTS.max_claim_bytes,
+    show_default=True,
+    help="Payload bytes one batch may hold (a larger message goes alone).",
+)
 @click.option("--lease", "lease_seconds", default=_DEFAULTS.lease_seconds, show_default=True)
 @click.option("--publish-timeout", default=_DEFAULTS.publish_timeout, show_default=True)
 @click.option(
@@ -161,7 +167,7 @@ def relay(
     max_in_flight: int, lease_seconds: float, publish_timeout: float, partitions: int,
     no_partition_leases: bool, retry_base: float, retry_max: float, retry_jitter: float,
     max_attempts: int, circuit_threshold: int, circuit_open: float, circuit_max_open: float,
-    idle_interval: float,
+    idle_interval: float, max_claim_bytes: int,
     published_retention: float, abandoned_retention: float, cleanup_interval: float,
     shutdown_timeout: float, http: str | None, max_seconds: float | None, log_level: str,
 ) -> None:  # fmt: skip
@@ -180,7 +186,7 @@ def relay(
         settings = RelaySettings(
             batch_size=batch_size, max_in_flight=max_in_flight, lease_seconds=lease_seconds,
             publish_timeout=publish_timeout, partitions=partitions,
-            partition_leases=not no_partition_leases,
+            partition_leases=not no_partition_leases, max_claim_bytes=max_claim_bytes,
             retry=RetryPolicy(base_delay=retry_base, max_delay=retry_max, jitter=retry_jitter,
                               max_attempts=max_attempts),
             circuit=CircuitPolicy(failure_threshold=circuit_threshold, open_seconds=circuit_open,
@@ -201,4 +207,4 @@ def relay(
         engine = Relay(database_urls, broker_urls, table=table, settings=settings)
         asyncio.run(serve(engine, max_seconds=max_seconds, http=address))
     except RelayboxError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise output.Failure(str(exc)) from exc

@@ -37,6 +37,8 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         #: for none (not yet held).
         self._scope: dict[str, list[int] | None] = {}
         self._flight = _InFlightRows()
+        #: Which set of partitions reads first in the next claim (see `_claim`).
+        self._first_group = 0
         #: Until when (time.monotonic) the partitions are surely ours: the start of the
         #: oldest of the last successful heartbeats of each target, plus the lease.
         self._held_until = 0.0
@@ -72,11 +74,13 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
     async def _claim(self, targets: list[str]) -> Claim | None:
         """Read the next batch of the partitions held, of each target. Targets whose
         relays hold the same partitions are read together; each set of partitions takes
-        a read of its own. A heartbeat that runs meanwhile does not count the rows being
-        read as in flight, and may give their partitions away: the batch keeps only the
-        rows of partitions still held once no heartbeat runs (and it goes in flight
-        before the next one can start), so the next owner is the only one to publish
-        the rest."""
+        a read of its own, within what the reads before it left of the byte budget (the
+        sets take turns at reading first, so that a message too large for what is left
+        does not wait behind the others for good). A heartbeat that runs meanwhile does
+        not count the rows being read as in flight, and may give their partitions away:
+        the batch keeps only the rows of partitions still held once no heartbeat runs
+        (and it goes in flight before the next one can start), so the next owner is the
+        only one to publish the rest."""
         groups: dict[tuple[int, ...] | None, list[str]] = {}
         for target in targets:
             scope = self._scope.get(target, [])
@@ -87,14 +91,23 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         settings = self._settings
         in_flight = self._flight.messages()
         messages: list[StoredMessage] = []
-        for partitions, group in groups.items():
-            messages += await self._db.claims.read(
+        budget = settings.max_claim_bytes
+        order = list(groups.items())
+        first = self._first_group = (self._first_group + 1) % len(order)
+        for partitions, group in order[first:] + order[:first]:
+            found = await self._db.claims.read(
                 limit=settings.batch_size,
                 partitions=None if partitions is None else list(partitions),
                 targets=group,
                 partition_count=settings.partitions,
                 in_flight=in_flight,
+                max_bytes=budget,
+                at_least_one=not messages,
             )
+            messages += found
+            budget -= sum(len(m.payload) for m in found)
+            if budget <= 0:
+                break
         if len(groups) > 1:
             messages.sort(key=lambda m: m.seq)
         await self._between_heartbeats.wait()

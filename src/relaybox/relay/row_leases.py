@@ -38,6 +38,7 @@ class RowLeaseProcessor(Processor[RowLeaseStorage]):
             lease_seconds=settings.lease_seconds,
             targets=targets,
             partition_count=settings.partitions,
+            max_bytes=settings.max_claim_bytes,
         )
 
     async def _deliver(self, claim: Claim) -> None:

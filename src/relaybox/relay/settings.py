@@ -14,6 +14,10 @@ from relaybox.errors import ConfigurationError
 class RelaySettings:
     #: Rows per claim; one commit claims them and one settles them.
     batch_size: int = 500
+    #: Payload bytes one claim may hold, whatever its rows: a claim takes rows in seq
+    #: order while their payloads together stay within this, and a message larger on
+    #: its own comes alone. A relay holds at most `max_in_flight` claims.
+    max_claim_bytes: int = 8 * 1024 * 1024
     #: Claimed batches being published at once: the window of unacknowledged sends.
     #: Two overlap the next claim with the last batch's publish and settle; more make
     #: claims skip the keys still in flight, and measured slower (docs/benchmarks.md).
@@ -47,8 +51,10 @@ class RelaySettings:
     shutdown_timeout: float = 10.0
 
     def __post_init__(self) -> None:
-        if min(self.batch_size, self.max_in_flight, self.cleanup_batch) < 1:
-            raise ConfigurationError("batch_size, max_in_flight and cleanup_batch must be >= 1")
+        if min(self.batch_size, self.max_in_flight, self.cleanup_batch, self.max_claim_bytes) < 1:
+            raise ConfigurationError(
+                "batch_size, max_in_flight, max_claim_bytes and cleanup_batch must be >= 1"
+            )
         if not self.lease_seconds > 0 or not self.publish_timeout > 0:
             raise ConfigurationError("lease_seconds and publish_timeout must be positive")
         if not 0 < self.min_poll_interval <= self.idle_interval:

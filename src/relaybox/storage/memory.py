@@ -38,7 +38,7 @@ from relaybox.core.records import (
     StoredMessage,
 )
 from relaybox.errors import StorageIntegrityError
-from relaybox.storage.rows import as_utc, check_listing
+from relaybox.storage.rows import as_utc, check_listing, within_bytes
 
 Clock = Callable[[], float]
 #: Positions in `InsertRow` of the columns the SQL tables declare NOT NULL.
@@ -170,6 +170,7 @@ class MemoryStorage:
         partitions: Sequence[int] | None = None,
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
+        max_bytes: int | None = None,
     ) -> Claim:
         if limit < 0:
             raise ValueError("limit must not be negative")
@@ -180,6 +181,7 @@ class MemoryStorage:
         with self._lock:
             now = self._clock()
             chosen = self._claimable(now, limit, parts, count, names)
+            chosen = chosen[: within_bytes((len(row.payload) for row in chosen), max_bytes)]
             for row in chosen:
                 row.status, row.locked_by, row.lock_token = Status.PROCESSING, worker, token
                 row.locked_until = now + float(lease_seconds)
@@ -194,6 +196,8 @@ class MemoryStorage:
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
         in_flight: Sequence[StoredMessage] = (),
+        max_bytes: int | None = None,
+        at_least_one: bool = True,
     ) -> list[StoredMessage]:
         """As the SQL reads choose: walk live rows of the partitions in seq order; a row
         in flight, waiting, or claimed by a row-lease relay holds back its key."""
@@ -226,7 +230,7 @@ class MemoryStorage:
                 if not in_scope or leased or waiting or row.seq in busy:
                     continue
                 taken.append(row.message(count))
-        return taken
+        return taken[: within_bytes((len(m.payload) for m in taken), max_bytes, at_least_one)]
 
     async def settle(
         self,

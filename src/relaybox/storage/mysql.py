@@ -35,11 +35,12 @@ from relaybox.errors import (
     StorageIntegrityError,
     StorageOperationalError,
 )
-from relaybox.storage.rows import by_seq
+from relaybox.storage.rows import by_seq, within_bytes
 from relaybox.storage.sql import GRACE, Connection, Seqs, Session, SqlStorage
 from relaybox.storage.urls import DatabaseUrl
 
-Candidate = tuple[int, str, "str | None"]
+#: A row a claim may take: seq, target, key and payload size.
+Candidate = tuple[int, str, "str | None", int]
 
 #: CLIENT_FOUND_ROWS: an UPDATE reports the rows it matched, as PostgreSQL does.
 _FOUND_ROWS = 2
@@ -259,6 +260,7 @@ class MySQLStorage(SqlStorage):
         partitions: Sequence[int] | None = None,
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
+        max_bytes: int | None = None,
     ) -> Claim:
         token = str(uuid.uuid4())
         count = require_partitions(partition_count)
@@ -269,7 +271,7 @@ class MySQLStorage(SqlStorage):
         async def lease(session: Session) -> list[Sequence[Any]]:
             driver = session.connection
             candidates = await self._candidates(driver, limit, filters, values, lock=True)
-            ready = await self._unblocked(driver, candidates)
+            ready = _within(candidates, await self._unblocked(driver, candidates), max_bytes)
             if not ready:
                 return []
             args = [worker, token, float(lease_seconds), *ready]
@@ -287,6 +289,8 @@ class MySQLStorage(SqlStorage):
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
         in_flight: Sequence[StoredMessage] = (),
+        max_bytes: int | None = None,
+        at_least_one: bool = True,
     ) -> list[StoredMessage]:
         count = require_partitions(partition_count)
         if _nothing_asked(limit, partitions, targets):
@@ -299,6 +303,7 @@ class MySQLStorage(SqlStorage):
             driver = session.connection
             candidates = await self._candidates(driver, limit, filters, values, lock=False)
             ready = await self._unblocked(driver, candidates)
+            ready = _within(candidates, ready, max_bytes, at_least_one)
             if not ready:
                 return []
             return await driver.fetch(self._query("claim_rows", seqs=len(ready)), ready)
@@ -317,15 +322,15 @@ class MySQLStorage(SqlStorage):
         expired = self._query("claim_expired", filters=filters).replace("{lock}", marker)
         for query, head in ((due, ["pending"]), (due, ["failed"]), (expired, [])):
             rows = await driver.fetch(query, [*head, bound, *values, limit])
-            found = sorted([*found, *((int(s), t, k) for s, t, k in rows)])[:limit]
+            found = sorted([*found, *((int(s), t, k, int(n)) for s, t, k, n in rows)])[:limit]
             if len(found) == limit:
                 bound = found[-1][0]
         return found
 
     async def _unblocked(self, driver: Connection, candidates: list[Candidate]) -> list[int]:
         """The candidates no earlier live row of their (target, key) holds back."""
-        seqs = [seq for seq, _, _ in candidates]
-        pairs = sorted({(target, key) for _, target, key in candidates if key is not None})
+        seqs = [seq for seq, _, _, _ in candidates]
+        pairs = sorted({(target, key) for _, target, key, _ in candidates if key is not None})
         if not pairs:
             return seqs
         query = self._query("claim_blockers", seqs=len(seqs), pairs=len(pairs))
@@ -335,9 +340,20 @@ class MySQLStorage(SqlStorage):
             same = _same_key(target, key)
             blockers[same] = min(int(seq), blockers.get(same, _MAX_SEQ))
         return [
-            seq for seq, target, key in candidates
+            seq for seq, target, key, _ in candidates
             if key is None or seq < blockers.get(_same_key(target, key), _MAX_SEQ)
         ]  # fmt: skip
+
+
+def _within(
+    candidates: list[Candidate], ready: list[int], max_bytes: int | None, at_least_one: bool = True
+) -> list[int]:
+    """The `ready` seqs (in seq order) a claim takes under its byte budget, by the
+    payload sizes the candidates came with: only those rows' payloads are fetched."""
+    if max_bytes is None:
+        return ready
+    sizes = {seq: size for seq, _, _, size in candidates}
+    return ready[: within_bytes((sizes[seq] for seq in ready), max_bytes, at_least_one)]
 
 
 def _nothing_asked(

@@ -31,7 +31,14 @@ from relaybox.errors import (
     StorageIntegrityError,
     StorageOperationalError,
 )
-from relaybox.storage.rows import by_seq, decode, decode_exact, readable
+from relaybox.storage.rows import (
+    CLAIM_COLUMNS,
+    by_seq,
+    byte_budget,
+    decode,
+    decode_exact,
+    readable,
+)
 from relaybox.storage.sql import GRACE, Connection, Seqs, SqlStorage
 from relaybox.storage.urls import DatabaseUrl
 
@@ -43,6 +50,9 @@ SESSION_SETTINGS = {
     "default_transaction_isolation": "read committed",
     "application_name": "relaybox",
 }
+
+#: Where a claimed row has its payload, once its `expired` flag is cut off.
+_PAYLOAD = CLAIM_COLUMNS.index("payload")
 
 
 def session_settings(url: DatabaseUrl) -> dict[str, str]:
@@ -204,16 +214,20 @@ class PostgresStorage(SqlStorage):
         partitions: Sequence[int] | None = None,
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
+        max_bytes: int | None = None,
     ) -> Claim:
         token = uuid.uuid4()
+        budget = byte_budget(max_bytes)
         args = [worker, limit, _list(partitions), require_partitions(partition_count),
-                _list(targets), token, float(lease_seconds), self._lock_key]  # fmt: skip
+                _list(targets), token, float(lease_seconds), self._lock_key, budget,
+                True]  # fmt: skip
         found = await self._fetch("claim", *args)
         claimed = [row[1:] for row in found if not row[0]]
-        if len(claimed) < len(found) and len(claimed) < limit:
+        held = sum(len(row[_PAYLOAD]) for row in claimed)
+        if len(claimed) < len(found) and len(claimed) < limit and held < budget:
             # Leases ran out: those rows are pending again; a second call takes them and
-            # what waited behind them, in order.
-            args[1] = limit - len(claimed)
+            # what waited behind them, in order, within what is left of the budget.
+            args[1], args[8], args[9] = limit - len(claimed), budget - held, not claimed
             claimed.extend(row[1:] for row in await self._fetch("claim", *args) if not row[0])
         return Claim(str(token), worker, by_seq(claimed, partition_count))
 
@@ -225,12 +239,15 @@ class PostgresStorage(SqlStorage):
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
         in_flight: Sequence[StoredMessage] = (),
+        max_bytes: int | None = None,
+        at_least_one: bool = True,
     ) -> list[StoredMessage]:
         keys = json.dumps([(m.target, m.key) for m in in_flight if m.key is not None])
         window = 2 * limit + len(in_flight)  # live rows the read looks at
         found = await self._fetch(
             "read", limit, _list(partitions), require_partitions(partition_count),
             _list(targets), _array_text(m.seq for m in in_flight), keys, window,
+            byte_budget(max_bytes), at_least_one,
         )  # fmt: skip
         return readable(found, partition_count, self._decode)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -84,6 +84,27 @@ _new_message = tuple.__new__
 
 def by_seq(rows: Sequence[Sequence[Any]], partitions: int) -> list[StoredMessage]:
     return sorted((decode(row, partitions) for row in rows), key=lambda m: m.seq)
+
+
+def byte_budget(max_bytes: int | None) -> int:
+    """A read's byte budget as the SQL reads take it: a 64-bit integer, the largest
+    for none."""
+    return 2**63 - 1 if max_bytes is None else int(max_bytes)
+
+
+def within_bytes(sizes: Iterable[int], max_bytes: int | None, at_least_one: bool = True) -> int:
+    """How many leading rows of a read (their payload `sizes`, in seq order) it takes
+    under `max_bytes` (None: all): those whose running total stays within it; with
+    `at_least_one`, a first payload larger on its own (after none but empty ones) comes
+    alone. The SQL reads cut by the same rule: a row goes if its running total is
+    within the bound, or is its own size."""
+    taken = total = 0
+    for size in sizes:
+        total += size
+        if max_bytes is not None and total > max_bytes and not (at_least_one and total == size):
+            break
+        taken += 1
+    return taken
 
 
 def lease_token(token: str) -> str:

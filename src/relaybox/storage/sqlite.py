@@ -30,7 +30,7 @@ from relaybox.errors import (
     StorageIntegrityError,
     StorageOperationalError,
 )
-from relaybox.storage.rows import by_seq, decode
+from relaybox.storage.rows import by_seq, byte_budget, decode
 from relaybox.storage.sql import Connection, Seqs, Session, SqlStorage
 
 BUSY_TIMEOUT_MS = 5000
@@ -123,6 +123,7 @@ class SQLiteStorage(SqlStorage):
         partitions: Sequence[int] | None = None,
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
+        max_bytes: int | None = None,
     ) -> Claim:
         if limit < 0:
             raise ValueError("limit must not be negative")
@@ -132,7 +133,7 @@ class SQLiteStorage(SqlStorage):
         async def lease(session: Session) -> list[Sequence[Any]]:
             return await session.fetch(
                 "claim", _json(partitions), count, _json(targets), limit, worker, token,
-                float(lease_seconds),
+                float(lease_seconds), byte_budget(max_bytes), True,
             )  # fmt: skip
 
         found = await self._run(lease, atomic=True)
@@ -146,12 +147,17 @@ class SQLiteStorage(SqlStorage):
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
         in_flight: Sequence[StoredMessage] = (),
+        max_bytes: int | None = None,
+        at_least_one: bool = True,
     ) -> list[StoredMessage]:
         if limit < 0:
             raise ValueError("limit must not be negative")
         count = require_partitions(partition_count)
         busy = Seqs(m.seq for m in in_flight)
-        found = await self._fetch("read", busy, _json(partitions), count, _json(targets), limit)
+        found = await self._fetch(
+            "read", busy, _json(partitions), count, _json(targets), limit, byte_budget(max_bytes),
+            at_least_one,
+        )  # fmt: skip
         return [decode(row, count) for row in found]
 
 

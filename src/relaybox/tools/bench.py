@@ -265,7 +265,7 @@ class PostgresAdmin:
 
     async def drop(self, table: str) -> None:
         await self._in_database(f"DROP TABLE IF EXISTS {', '.join(_side_tables(table))}")
-        for function in ("claim", "read_past"):
+        for function in ("claim", "read_past", "within"):
             await self._in_database(f"DROP FUNCTION IF EXISTS {index_prefix(table)}_{function}")
         await self._in_database(f"DROP TYPE IF EXISTS {table}_status")
 

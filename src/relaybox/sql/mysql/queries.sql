@@ -41,8 +41,9 @@ VALUES;
 -- FOR UPDATE SKIP LOCKED); the owned read of a relay that holds its partitions reads
 -- them without locks (the marker is empty). Rows behind a head of their key that is
 -- not due or is leased are skipped here, so a long blocked backlog never uses up the
--- limit. Parameters: status, seq bound, filter values, limit.
-SELECT seq, target, `key` FROM {table} o FORCE INDEX ({prefix}_live_ix)
+-- limit. Each row comes with its payload's size, for the claim's byte budget.
+-- Parameters: status, seq bound, filter values, limit.
+SELECT seq, target, `key`, LENGTH(payload) FROM {table} o FORCE INDEX ({prefix}_live_ix)
 WHERE status = %s AND seq < %s AND available_at <= UTC_TIMESTAMP(6) {filters}
   AND (live_key IS NULL OR NOT EXISTS (
       SELECT 1 FROM {table} h FORCE INDEX ({prefix}_key_ix)
@@ -56,7 +57,7 @@ LIMIT %s
 -- name: claim_expired
 -- Step 1, processing rows whose lease ran out. Parameters: seq bound, filter values,
 -- limit.
-SELECT seq, target, `key` FROM {table} o FORCE INDEX ({prefix}_live_ix)
+SELECT seq, target, `key`, LENGTH(payload) FROM {table} o FORCE INDEX ({prefix}_live_ix)
 WHERE status = 'processing' AND seq < %s AND locked_until < UTC_TIMESTAMP(6) {filters}
   AND (live_key IS NULL OR NOT EXISTS (
       SELECT 1 FROM {table} h FORCE INDEX ({prefix}_key_ix)

@@ -115,12 +115,13 @@ ORDER BY r.ord;
 -- name: claim
 -- The row-lease claim: one call of {prefix}_claim (schema.sql explains it).
 -- $1 worker, $2 limit, $3 partitions or NULL, $4 partition count, $5 targets or NULL,
--- $6 token, $7 lease s, $8 the table's claim-lock key.
+-- $6 token, $7 lease s, $8 the table's claim-lock key, $9 the byte budget, $10 whether
+-- a first payload over it goes alone.
 SELECT expired, seq, id, target, external, topic, key, partition, type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
     attempts
 FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::integer, $5::text[],
-    $6::uuid, $7::float8, $8::integer);
+    $6::uuid, $7::float8, $8::integer, $9::bigint, $10::boolean);
 
 -- name: read
 -- The owned read of a relay that holds partitions: up to $1 due rows of its partitions
@@ -139,7 +140,13 @@ FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::integer, $5::text[
 -- (2 x limit + rows in flight). Long lists travel as one text parameter: asyncpg checks
 -- every element of an array parameter, where one string costs nothing.
 -- The window's rows come first, in seq order; {prefix}_read_past, called only when
--- they are fewer than $1, adds rows past the window, all of higher seqs.
+-- they are fewer than $1 (and their payloads fewer bytes than $8), adds rows past the
+-- window, all of higher seqs, within what is left of $8.
+-- $8 the byte budget: the rows go in seq order while their payloads together stay
+-- within it, and, if $9, a first payload larger on its own goes alone. The cut is
+-- taken over the rows already limited, outside the query that finds them, so that
+-- plan stays what it was; and the running sum (a window function, dearer than the
+-- plain sum) only when their total is over the budget.
 WITH picked AS (
     SELECT w.seq, w.id, w.target, w.external, w.topic, w.key,
         w.partition % $3::integer AS partition, w.type, w.content_type, w.payload,
@@ -169,12 +176,24 @@ WITH picked AS (
           ) ->> (w.target || chr(31) || w.key))::bigint > w.seq, true)
     ORDER BY w.seq
     LIMIT $1::integer
+), held AS (
+    SELECT count(*)::integer AS found, coalesce(sum(octet_length(payload)), 0) AS bytes
+    FROM picked
 )
 SELECT * FROM picked
+WHERE (SELECT bytes FROM held) <= $8::bigint
+   OR picked.seq <= (
+       SELECT max(s.seq) FROM (
+           SELECT p.seq, octet_length(p.payload) AS size,
+               sum(octet_length(p.payload)) OVER (ORDER BY p.seq) AS through
+           FROM picked p) AS s
+       WHERE s.through <= $8::bigint OR ($9::boolean AND s.through = s.size))
 UNION ALL
-SELECT * FROM {prefix}_read_past($1::integer - (SELECT count(*) FROM picked)::integer,
-    $2::integer[], $3::integer, $4::text[], $5::text::bigint[], $7::integer)
-WHERE (SELECT count(*) FROM picked) < $1::integer;
+SELECT * FROM {prefix}_read_past(
+    $1::integer - (SELECT found FROM held), $2::integer[], $3::integer, $4::text[],
+    $5::text::bigint[], $7::integer, $8::bigint - (SELECT bytes FROM held),
+    $9::boolean AND (SELECT bytes FROM held) = 0)
+WHERE (SELECT found FROM held) < $1::integer AND (SELECT bytes FROM held) < $8::bigint;
 
 -- The owned settle: what a relay holding partitions learned about rows it read. Each
 -- statement changes only rows in a partition of their target that the worker still

@@ -33,13 +33,16 @@ VALUES;
 -- name: claim
 -- The row-lease claim. Run inside BEGIN IMMEDIATE, which serializes claims between
 -- processes. ?1 partitions JSON or NULL, ?2 partition count, ?3 targets JSON or NULL,
--- ?4 limit, ?5 worker, ?6 token, ?7 lease seconds. A row's partition is its stored hash
--- modulo the count. A candidate is dropped when an earlier live row of its (target,
--- key) is not itself a candidate. Rows behind a head that is not due or is leased are
--- skipped inside the scan, so a key with a long blocked backlog never uses up the
--- limit for the other keys.
+-- ?4 limit, ?5 worker, ?6 token, ?7 lease seconds, ?8 the byte budget, ?9 whether a
+-- first payload over it goes alone. A row's partition is its stored hash modulo the
+-- count. A candidate is dropped when an earlier live row of its (target, key) is not
+-- itself a candidate. Rows behind a head that is not due or is leased are skipped
+-- inside the scan, so a key with a long blocked backlog never uses up the limit for the
+-- other keys. Last, the byte budget: the claimable rows go in seq order while their
+-- payloads together stay within ?8 (length() of a blob reads no blob); the running sum
+-- (a window function, dearer than the plain sum) only when their total is over it.
 WITH candidates AS MATERIALIZED (
-    SELECT seq, target, "key" FROM {table} o
+    SELECT seq, target, "key", length(payload) AS size FROM {table} o
     WHERE status IN ('pending', 'processing', 'failed')
       AND CASE WHEN status = 'processing'
                THEN locked_until <= strftime('%Y-%m-%d %H:%M:%f', 'now')
@@ -56,17 +59,24 @@ WITH candidates AS MATERIALIZED (
     ORDER BY seq
     LIMIT ?4
 ), claimable AS (
-    SELECT c.seq FROM candidates c
+    SELECT c.seq, c.size FROM candidates c
     WHERE c."key" IS NULL OR NOT EXISTS (
         SELECT 1 FROM {table} e
         WHERE e.target = c.target AND e."key" = c."key" AND e.seq < c.seq
           AND e.status IN ('pending', 'processing', 'failed')
           AND e.seq NOT IN (SELECT x.seq FROM candidates x))
+), kept AS (
+    SELECT seq FROM claimable
+    WHERE (SELECT sum(size) FROM claimable) <= ?8
+       OR seq <= (
+           SELECT max(seq) FROM (
+               SELECT seq, size, sum(size) OVER (ORDER BY seq) AS through FROM claimable)
+           WHERE through <= ?8 OR (?9 AND through = size))
 )
 UPDATE {table}
 SET status = 'processing', locked_by = ?5, lock_token = ?6,
     locked_until = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ?7))
-WHERE seq IN (SELECT seq FROM claimable)
+WHERE seq IN (SELECT seq FROM kept)
 RETURNING seq, id, target, external, topic, "key", "partition", type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
     attempts;
@@ -76,7 +86,11 @@ RETURNING seq, id, target, external, topic, "key", "partition", type, content_ty
 -- no earlier live row of their (target, key) holds back (waiting, or claimed by a
 -- row-lease relay), leaving out what the relay has in flight. Nothing is written.
 -- ?1 seqs in flight JSON, ?2 partitions JSON or NULL, ?3 partition count, ?4 targets
--- JSON or NULL, ?5 limit.
+-- JSON or NULL, ?5 limit, ?6 the byte budget, ?7 whether a first payload over it goes
+-- alone. The rows are chosen by seq and payload size alone (length() of a blob reads
+-- no blob), cut to the byte budget (the running sum only when their total is over it),
+-- and only those kept are read whole: the payloads of rows past the budget are never
+-- loaded.
 -- `clock` reads 'now' once: SQLite keeps 'now' steady only within one sqlite3_step, and
 -- each row this SELECT returns is a step of its own. Read per row, a head whose delay
 -- ends between two steps would not be due when its own row was scanned, yet no longer
@@ -86,29 +100,41 @@ WITH busy(target, "key") AS MATERIALIZED (
     WHERE seq IN (SELECT value FROM json_each(?1)) AND "key" IS NOT NULL
 ), clock(now) AS MATERIALIZED (
     SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')
+), picked AS MATERIALIZED (
+    SELECT seq, length(payload) AS size
+    FROM {table} o, clock
+    WHERE status IN ('pending', 'processing', 'failed')
+      AND CASE WHEN status = 'processing'
+               THEN locked_until <= clock.now
+               ELSE available_at <= clock.now END
+      AND (?2 IS NULL OR "partition" % ?3 IN (SELECT value FROM json_each(?2)))
+      AND (?4 IS NULL OR target IN (SELECT value FROM json_each(?4)))
+      AND ("key" IS NULL OR NOT EXISTS (
+          SELECT 1 FROM busy b WHERE b.target = o.target AND b."key" = o."key"))
+      AND seq NOT IN (SELECT value FROM json_each(?1))
+      AND ("key" IS NULL OR NOT EXISTS (
+          SELECT 1 FROM {table} h
+          WHERE h.target = o.target AND h."key" = o."key" AND h.seq < o.seq
+            AND h."key" IS NOT NULL AND h.status IN ('pending', 'processing', 'failed')
+            AND CASE WHEN h.status = 'processing'
+                     THEN h.locked_until > clock.now
+                     ELSE h.available_at > clock.now END))
+    ORDER BY seq
+    LIMIT ?5
+), kept AS (
+    SELECT seq FROM picked
+    WHERE (SELECT sum(size) FROM picked) <= ?6
+       OR seq <= (
+           SELECT max(seq) FROM (
+               SELECT seq, size, sum(size) OVER (ORDER BY seq) AS through FROM picked)
+           WHERE through <= ?6 OR (?7 AND through = size))
 )
 SELECT seq, id, target, external, topic, "key", "partition", type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
     attempts
-FROM {table} o, clock
-WHERE status IN ('pending', 'processing', 'failed')
-  AND CASE WHEN status = 'processing'
-           THEN locked_until <= clock.now
-           ELSE available_at <= clock.now END
-  AND (?2 IS NULL OR "partition" % ?3 IN (SELECT value FROM json_each(?2)))
-  AND (?4 IS NULL OR target IN (SELECT value FROM json_each(?4)))
-  AND ("key" IS NULL OR NOT EXISTS (
-      SELECT 1 FROM busy b WHERE b.target = o.target AND b."key" = o."key"))
-  AND seq NOT IN (SELECT value FROM json_each(?1))
-  AND ("key" IS NULL OR NOT EXISTS (
-      SELECT 1 FROM {table} h
-      WHERE h.target = o.target AND h."key" = o."key" AND h.seq < o.seq
-        AND h."key" IS NOT NULL AND h.status IN ('pending', 'processing', 'failed')
-        AND CASE WHEN h.status = 'processing'
-                 THEN h.locked_until > clock.now
-                 ELSE h.available_at > clock.now END))
-ORDER BY seq
-LIMIT ?5;
+FROM {table}
+WHERE seq IN (SELECT seq FROM kept)
+ORDER BY seq;
 
 -- The owned settle: each statement changes only live rows in partitions the worker
 -- holds (stored hash modulo the partition count); a settle that needs several runs them

@@ -102,6 +102,24 @@ CREATE TABLE IF NOT EXISTS {table}_partitions (
     CONSTRAINT {prefix}_partitions_lease_ck CHECK ((owner IS NULL) = (lease_until IS NULL))
 );
 
+-- The byte budget of a claim or read, on rows already chosen (p_seqs, with their
+-- payload sizes p_sizes, in any order): the seqs, in seq order, whose payloads together
+-- stay within p_max_bytes, and, if p_alone, a first payload larger on its own, alone.
+-- The functions below call it only when the rows' total is over the budget, and find
+-- the sizes as they choose the rows (octet_length reads a payload's length, not the
+-- payload), so a batch within the budget costs no second look at its rows.
+CREATE OR REPLACE FUNCTION {prefix}_within(
+    p_seqs bigint[], p_sizes integer[], p_max_bytes bigint, p_alone boolean)
+RETURNS bigint[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY(
+        SELECT c.seq FROM (
+            SELECT x.seq, x.size, sum(x.size) OVER (ORDER BY x.seq) AS through
+            FROM unnest(p_seqs, p_sizes) AS x(seq, size)) AS c
+        WHERE c.through <= p_max_bytes OR (p_alone AND c.through = c.size)
+        ORDER BY c.seq)
+$$;
+
 -- The row-lease claim, for relays run without partition leases, in one round trip.
 -- Claims of one partition take turns: a claim first takes transaction-scoped advisory
 -- locks (the two-int key space, apart from the writers' bigint key locks): (p_lock_key,
@@ -124,9 +142,16 @@ CREATE TABLE IF NOT EXISTS {table}_partitions (
 -- A row whose lease ran out goes back to pending (expired = true, not claimed) and
 -- blocks its key in this call; the caller claims again, which takes it and what waited
 -- behind it, in order. A row's partition is its stored key hash modulo p_count.
+-- Last, the byte budget: the rows chosen go in seq order while their payloads together
+-- stay within p_max_bytes, and, if p_alone, a first payload larger on its own goes
+-- alone. Cutting the tail of a seq-ordered choice leaves every key's taken rows a run
+-- from its head, so order holds. The rows bring their payload sizes along, and are
+-- cut ({prefix}_within) only when their total is over the budget; rows found past the
+-- window, within what the window's rows left of it.
 CREATE OR REPLACE FUNCTION {prefix}_claim(
     p_worker text, p_limit integer, p_partitions integer[], p_count integer,
-    p_targets text[], p_token uuid, p_lease float8, p_lock_key integer)
+    p_targets text[], p_token uuid, p_lease float8, p_lock_key integer,
+    p_max_bytes bigint, p_alone boolean)
 RETURNS TABLE (
     expired boolean, seq bigint, id uuid, target text, external boolean, topic text,
     key text, partition integer, type text, content_type text, payload bytea,
@@ -137,13 +162,20 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_window integer := 4 * p_limit;
     v_seqs bigint[];
+    v_sizes integer[];
+    v_bytes bigint;
+    v_found integer;
     v_seen integer;
     v_last bigint;
     v_room integer;
     v_heads bigint[];
     v_head_targets text[];
     v_head_keys text[];
+    v_head_sizes integer[];
     v_per_key integer;
+    v_more bigint[];
+    v_more_sizes integer[];
+    v_more_bytes bigint;
 BEGIN
     IF p_partitions IS NULL THEN
         PERFORM pg_advisory_xact_lock(p_lock_key, -1);
@@ -152,9 +184,13 @@ BEGIN
         PERFORM pg_advisory_xact_lock(p_lock_key, ordered.p)
         FROM (SELECT DISTINCT unnest(p_partitions) AS p ORDER BY 1) AS ordered;
     END IF;
-    v_seqs := ARRAY(
-        SELECT w.seq FROM (
-            SELECT o.seq, o.target, o.key, o.status, o.locked_until, o.available_at
+    SELECT coalesce(array_agg(f.seq), '{}'), coalesce(array_agg(f.size), '{}'),
+        coalesce(sum(f.size), 0), count(*)
+    INTO v_seqs, v_sizes, v_bytes, v_found
+    FROM (
+        SELECT w.seq, octet_length(w.payload) AS size FROM (
+            SELECT o.seq, o.target, o.key, o.status, o.locked_until, o.available_at,
+                o.payload
             FROM {table} o
             WHERE (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
               AND (p_targets IS NULL OR o.target = ANY(p_targets))
@@ -170,8 +206,11 @@ BEGIN
                      OR NOT (h.partition % p_count
                              = ANY(coalesce(p_partitions, ARRAY[h.partition % p_count]))))))
         ORDER BY w.seq
-        LIMIT p_limit);
-    IF cardinality(v_seqs) < p_limit THEN
+        LIMIT p_limit) AS f;
+    IF v_bytes > p_max_bytes THEN
+        v_seqs := {prefix}_within(v_seqs, v_sizes, p_max_bytes, p_alone);
+    END IF;
+    IF v_found < p_limit THEN
         SELECT count(*), max(w.seq) INTO v_seen, v_last FROM (
             SELECT o.seq FROM {table} o
             WHERE (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
@@ -180,13 +219,14 @@ BEGIN
             LIMIT v_window) AS w;
     END IF;
 
-    IF v_seen = v_window AND cardinality(v_seqs) < p_limit THEN
-        v_room := p_limit - cardinality(v_seqs);
+    IF v_seen = v_window AND v_found < p_limit AND v_bytes < p_max_bytes THEN
+        v_room := p_limit - v_found;
         SELECT coalesce(array_agg(c.seq ORDER BY c.seq), '{}'),
-               array_agg(c.target ORDER BY c.seq), array_agg(c.key ORDER BY c.seq)
-        INTO v_heads, v_head_targets, v_head_keys
+               array_agg(c.target ORDER BY c.seq), array_agg(c.key ORDER BY c.seq),
+               array_agg(c.size ORDER BY c.seq)
+        INTO v_heads, v_head_targets, v_head_keys, v_head_sizes
         FROM (
-            SELECT o.seq, o.target, o.key FROM (
+            SELECT o.seq, o.target, o.key, octet_length(o.payload) AS size FROM (
                 WITH RECURSIVE heads AS (
                     (SELECT k.target, k.key, k.seq FROM {table} k
                      WHERE k.key IS NOT NULL
@@ -206,7 +246,7 @@ BEGIN
               AND CASE WHEN o.status = 'processing' THEN o.locked_until < now()
                        ELSE o.available_at <= now() END
             UNION ALL
-            (SELECT o.seq, o.target, o.key FROM {table} o
+            (SELECT o.seq, o.target, o.key, octet_length(o.payload) FROM {table} o
              WHERE o.key IS NULL
                AND o.seq > v_last
                AND (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
@@ -219,19 +259,24 @@ BEGIN
             LIMIT v_room
         ) AS c;
         v_per_key := (v_room + cardinality(v_heads) - 1) / greatest(cardinality(v_heads), 1);
-        v_seqs := v_seqs || ARRAY(
-            SELECT x.seq FROM (
-                SELECT hd.seq FROM unnest(v_heads, v_head_keys) AS hd(seq, key)
+        SELECT coalesce(array_agg(y.seq), '{}'), coalesce(array_agg(y.size), '{}'),
+            coalesce(sum(y.size), 0)
+        INTO v_more, v_more_sizes, v_more_bytes
+        FROM (
+            SELECT x.seq, x.size FROM (
+                SELECT hd.seq, hd.size
+                FROM unnest(v_heads, v_head_keys, v_head_sizes) AS hd(seq, key, size)
                 WHERE hd.key IS NULL
                 UNION ALL
-                SELECT r.seq
+                SELECT r.seq, r.size
                 FROM unnest(v_heads, v_head_targets, v_head_keys) AS hd(seq, target, key),
                 LATERAL (
-                    SELECT k.seq, bool_and(k.status <> 'processing'
-                                           AND k.available_at <= now()
-                                           AND k.partition % p_count = ANY(coalesce(
-                                               p_partitions, ARRAY[k.partition % p_count])))
-                                  OVER (ORDER BY k.seq) AS ok
+                    SELECT k.seq, octet_length(k.payload) AS size,
+                        bool_and(k.status <> 'processing'
+                                 AND k.available_at <= now()
+                                 AND k.partition % p_count = ANY(coalesce(
+                                     p_partitions, ARRAY[k.partition % p_count])))
+                        OVER (ORDER BY k.seq) AS ok
                     FROM {table} k
                     WHERE k.target = hd.target AND k.key = hd.key AND k.seq >= hd.seq
                       AND k.key IS NOT NULL
@@ -240,7 +285,12 @@ BEGIN
                 WHERE hd.key IS NOT NULL AND (r.seq = hd.seq OR r.ok)
             ) AS x
             ORDER BY x.seq
-            LIMIT v_room);
+            LIMIT v_room) AS y;
+        IF v_bytes + v_more_bytes > p_max_bytes THEN
+            v_more := {prefix}_within(v_more, v_more_sizes, p_max_bytes - v_bytes,
+                                      p_alone AND v_bytes = 0);
+        END IF;
+        v_seqs := v_seqs || v_more;
     END IF;
 
     RETURN QUERY
@@ -267,10 +317,11 @@ $$;
 -- hold, or waiting keys, filled it), this finds the rows past it as the claim above
 -- does: the heads of keys and keyless rows past the window, each head with its run, up
 -- to p_room rows, in seq order. p_window is the window's size (2 x limit + rows in
--- flight). It writes nothing.
+-- flight). Last, the byte budget, as the claim above cuts its rows past the window
+-- (p_max_bytes, p_alone). It writes nothing.
 CREATE OR REPLACE FUNCTION {prefix}_read_past(
     p_room integer, p_partitions integer[], p_count integer, p_targets text[],
-    p_busy bigint[], p_window integer)
+    p_busy bigint[], p_window integer, p_max_bytes bigint, p_alone boolean)
 RETURNS TABLE (
     seq bigint, id uuid, target text, external boolean, topic text,
     key text, partition integer, type text, content_type text, payload bytea,
@@ -280,11 +331,14 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_seqs bigint[];
+    v_sizes integer[];
+    v_bytes bigint;
     v_seen integer;
     v_last bigint;
     v_heads bigint[];
     v_head_targets text[];
     v_head_keys text[];
+    v_head_sizes integer[];
     v_per_key integer;
 BEGIN
     SELECT count(*), max(w.seq) INTO v_seen, v_last FROM (
@@ -299,10 +353,11 @@ BEGIN
     -- Past the window: heads that are due, neither in flight nor in processing, and
     -- keyless rows not in flight, oldest first; each head brings its run.
     SELECT coalesce(array_agg(c.seq ORDER BY c.seq), '{}'),
-           array_agg(c.target ORDER BY c.seq), array_agg(c.key ORDER BY c.seq)
-    INTO v_heads, v_head_targets, v_head_keys
+           array_agg(c.target ORDER BY c.seq), array_agg(c.key ORDER BY c.seq),
+           array_agg(c.size ORDER BY c.seq)
+    INTO v_heads, v_head_targets, v_head_keys, v_head_sizes
     FROM (
-        SELECT o.seq, o.target, o.key FROM (
+        SELECT o.seq, o.target, o.key, octet_length(o.payload) AS size FROM (
             WITH RECURSIVE heads AS (
                 (SELECT k.target, k.key, k.seq FROM {table} k
                  WHERE k.key IS NOT NULL
@@ -322,7 +377,7 @@ BEGIN
           AND o.status <> 'processing' AND o.available_at <= now()
           AND o.seq NOT IN (SELECT unnest(p_busy))
         UNION ALL
-        (SELECT o.seq, o.target, o.key FROM {table} o
+        (SELECT o.seq, o.target, o.key, octet_length(o.payload) FROM {table} o
          WHERE o.key IS NULL
            AND o.seq > v_last
            AND (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
@@ -335,19 +390,24 @@ BEGIN
         LIMIT p_room
     ) AS c;
     v_per_key := (p_room + cardinality(v_heads) - 1) / greatest(cardinality(v_heads), 1);
-    v_seqs := ARRAY(
-        SELECT x.seq FROM (
-            SELECT hd.seq FROM unnest(v_heads, v_head_keys) AS hd(seq, key)
+    SELECT coalesce(array_agg(y.seq), '{}'), coalesce(array_agg(y.size), '{}'),
+        coalesce(sum(y.size), 0)
+    INTO v_seqs, v_sizes, v_bytes
+    FROM (
+        SELECT x.seq, x.size FROM (
+            SELECT hd.seq, hd.size
+            FROM unnest(v_heads, v_head_keys, v_head_sizes) AS hd(seq, key, size)
             WHERE hd.key IS NULL
             UNION ALL
-            SELECT r.seq
+            SELECT r.seq, r.size
             FROM unnest(v_heads, v_head_targets, v_head_keys) AS hd(seq, target, key),
             LATERAL (
-                SELECT k.seq, bool_and(k.status <> 'processing'
-                                       AND k.available_at <= now()
-                                       AND k.partition % p_count = ANY(coalesce(
-                                           p_partitions, ARRAY[k.partition % p_count])))
-                              OVER (ORDER BY k.seq) AS ok
+                SELECT k.seq, octet_length(k.payload) AS size,
+                    bool_and(k.status <> 'processing'
+                             AND k.available_at <= now()
+                             AND k.partition % p_count = ANY(coalesce(
+                                 p_partitions, ARRAY[k.partition % p_count])))
+                    OVER (ORDER BY k.seq) AS ok
                 FROM {table} k
                 WHERE k.target = hd.target AND k.key = hd.key AND k.seq >= hd.seq
                   AND k.key IS NOT NULL
@@ -356,7 +416,10 @@ BEGIN
             WHERE hd.key IS NOT NULL AND r.ok
         ) AS x
         ORDER BY x.seq
-        LIMIT p_room);
+        LIMIT p_room) AS y;
+    IF v_bytes > p_max_bytes THEN
+        v_seqs := {prefix}_within(v_seqs, v_sizes, p_max_bytes, p_alone);
+    END IF;
     RETURN QUERY
     SELECT o.seq, o.id, o.target, o.external, o.topic, o.key, o.partition % p_count,
         o.type, o.content_type, o.payload, o.headers::text, o.correlation_id,
