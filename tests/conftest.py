@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests import hypothesis_profiles  # noqa: F401 - registers and loads the profile
 from tests.databases import MYSQL_URL, PG_URL
 
 

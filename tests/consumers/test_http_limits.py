@@ -19,7 +19,7 @@ from typing import Any
 import h11
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from relaybox.consumers.http import WebhookReceiver, decode_request
@@ -188,8 +188,6 @@ _event = st.fixed_dictionaries(
 _events = st.lists(_event | st.dictionaries(_text, _json, max_size=4), max_size=4)
 
 
-@settings(max_examples=300, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 @given(events=_events | _json)
 def test_a_batch_decodes_or_is_an_envelope_error(events: Any) -> None:
     body = json.dumps(events, ensure_ascii=True).encode()

@@ -103,7 +103,9 @@ def test_abandoned_prints_no_control_character_of_a_stored_row(tmp_path: Path) -
         storage = await open_storage(url, table=table)
         try:
             routing = Routing.of(["default"], ["default"])
-            message = Message(topic="orders\x1b[8m", key="k\x1b]0;pwn\x07\x7f")
+            message = Message(topic="orders\x1b[8m", key="k")
+            # A row written before relaybox refused such keys, or by hand: stored as is.
+            message.key = "k\x1b]0;pwn\x07\x7f"
             await storage.write(routing.rows([message]))
             await storage.heartbeat("w1", partitions=64, lease_seconds=30)
             (row,) = await storage.read(limit=10)

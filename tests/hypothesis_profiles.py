@@ -1,6 +1,7 @@
-"""Hypothesis profiles for the property tests: a few hundred examples a property in
-every test run (seconds), many thousands under `make fuzz` (RELAYBOX_FUZZ=1, about five
-minutes for all of them; RELAYBOX_FUZZ_EXAMPLES sets how many a property gets).
+"""Hypothesis profiles for every property test (tests/conftest.py loads them): a few
+hundred examples a property in every test run (seconds), many thousands under
+`make fuzz` (RELAYBOX_FUZZ=1, about five minutes for all of them; RELAYBOX_FUZZ_EXAMPLES
+sets how many a property gets).
 
 No example database, and hypothesis' caches in a temporary directory removed at exit:
 a test run leaves nothing behind. A failure prints the example and the
