@@ -79,7 +79,6 @@ from relaybox.publishers.http import (
     DEFAULT_MAX_BATCH_EVENTS,
     DEFAULT_MAX_BODY_SIZE,
     PREFIX,
-    REFUSED_HEADERS,
     TOPIC_HEADER,
 )
 from relaybox.publishers.webhook_signature import (
@@ -96,8 +95,8 @@ logger = logging.getLogger(__name__)
 #: The structured mode's media type (one event as a JSON object).
 STRUCTURED_CONTENT_TYPE = "application/cloudevents+json"
 #: Headers of the transport and of the binding, not the message's own.
-TRANSPORT_HEADERS = REFUSED_HEADERS | {
-    "accept", "accept-encoding", "content-type", "proxy-authorization", "user-agent",
+TRANSPORT_HEADERS = envelope.HTTP_TRANSPORT_HEADERS | {
+    "content-encoding", "content-length", "content-type", "proxy-authorization",
     SIGNATURE_HEADER.lower(), TOPIC_HEADER.lower(),
 }  # fmt: skip
 #: Headers that steer how a request is decoded: a signature must cover each present.

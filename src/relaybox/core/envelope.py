@@ -55,6 +55,14 @@ MAX_HEADER_NAME = 255
 MAX_HEADER_VALUE = 64 * 1024
 #: The trace context travels as headers (and `traceparent` as an attribute too).
 TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
+#: HTTP's own request headers, in lower case, besides `content-*` and `proxy-*`: the
+#: connection, the framing, the credentials and the client's own, which a webhook sends
+#: and reads for its transport, never for a message.
+HTTP_TRANSPORT_HEADERS = frozenset({
+    "accept", "accept-encoding", "authorization", "connection", "cookie", "expect", "host",
+    "http2-settings", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade",
+    "user-agent",
+})  # fmt: skip
 #: Header names a message may not use, in lower case (names compare in any case).
 RESERVED_HEADER_NAMES = frozenset({
     # CloudEvents attributes under their plain names (Redis entries, MQTT User
@@ -64,9 +72,7 @@ RESERVED_HEADER_NAMES = frozenset({
     "status", "description",
     # RabbitMQ copies a message to the queues its CC and BCC headers name.
     "cc", "bcc",
-    # HTTP's connection and framing, and what a webhook receiver takes for its transport's.
-    "accept", "accept-encoding", "authorization", "connection", "expect", "host",
-    "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "user-agent",
+    *HTTP_TRANSPORT_HEADERS,
 })  # fmt: skip
 #: Header name prefixes a message may not use, in lower case.
 RESERVED_HEADER_PREFIXES = (

@@ -24,21 +24,18 @@ URL, so that nothing httpx logs carries the password.
 A request follows the CloudEvents HTTP binding. One message per request (the default)
 is binary mode: the body is the payload, `Content-Type` its content type, the
 attributes are `ce-<name>` headers (values percent-encoded as the binding says), and
-the message's own headers travel under their own names (UTF-8, leading and trailing
-blanks dropped). A batch request has `Content-Type: application/cloudevents-batch+json`
-and a JSON array of structured events, each with `data` (JSON content types) or
-`data_base64` (anything else); the messages' own headers do not travel in a batch.
+the message's own headers travel under their own names (UTF-8). A batch request has
+`Content-Type: application/cloudevents-batch+json` and a JSON array of structured
+events, each with `data` (JSON content types) or `data_base64` (anything else); the
+messages' own headers do not travel in a batch.
 Every request names the message's topic in a `Relaybox-Topic` header, since
 CloudEvents has no topic attribute.
 
-A message header never replaces one the publisher sets (names compared in any case):
-one named like a present attribute (`ce-id`), `Content-Type`, `Accept`,
-`Accept-Encoding`, `User-Agent` or `Relaybox-*` is left out. A message carrying a
-header that steers the HTTP exchange itself, not the message (`REFUSED_HEADERS`:
-`Connection`, `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`,
-`HTTP2-Settings`, `Proxy-*`, `Content-Length`, `Content-Encoding`, `Host`, `Expect`)
-or credentials (`Authorization`, `Cookie`) fails permanently, in either mode; the
-others of its call go out as usual.
+A message's own headers never take a name the publisher or HTTP uses (`ce-*`,
+`Content-*`, `Relaybox-*`, `Host`, `Connection`, `Transfer-Encoding`, `Authorization`,
+`Cookie`, `Proxy-*`...): `Message` refuses such names when it is created, and a stored
+row carrying one anyway fails permanently, in either mode, while the others of its call
+go out as usual (`relaybox.core.envelope` holds the rule every broker shares).
 
 Signing: with `secret`, each request carries a `Relaybox-Signature` header, an
 HMAC-SHA256 over a timestamp, every header relaybox sets (the `ce-` attributes,
@@ -81,7 +78,7 @@ from relaybox.core.publishing import (
     unavailable,
 )
 from relaybox.core.records import StoredMessage
-from relaybox.core.urls import mask_password
+from relaybox.core.urls import mask_password, scrub, url_secrets
 from relaybox.errors import BrokerUnavailableError, ConfigurationError, InvalidHeadersError
 from relaybox.publishers.options import BrokerUrl
 from relaybox.publishers.webhook_signature import SIGNATURE_HEADER, check_secret, sign
@@ -96,29 +93,12 @@ DEFAULT_MAX_BODY_SIZE = 2 * 1024 * 1024
 DEFAULT_MAX_BATCH_EVENTS = 1000
 #: Bytes of a response body read at most (for the error text); the rest is not read.
 RESPONSE_READ_LIMIT = 4096
-#: Message headers that would steer the HTTP exchange rather than travel with the
-#: message: hop-by-hop headers, the request's framing and routing, and credentials
-#: (besides every `proxy-*` name). A message carrying one is refused.
-REFUSED_HEADERS = frozenset(
-    {
-        "connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade",
-        "http2-settings", "content-length", "content-encoding", "host", "expect",
-        "authorization", "cookie",
-    }
-)  # fmt: skip
-_REFUSED_PREFIX = "proxy-"
 #: Statuses that say "later": request timeout, too many requests (and every 5xx).
 _TRANSIENT_STATUSES = frozenset({408, 429})
 #: The client's own headers, besides those refused above; the body is read as is.
 _CLIENT_HEADERS = {"Accept": "*/*", "Accept-Encoding": "identity"}
-#: Headers this module or its client sets, which a message header must not replace.
-_OWN_HEADERS = frozenset(
-    {"content-type", "user-agent", *(name.lower() for name in _CLIENT_HEADERS)}
-)
-_RESERVED_PREFIX = "relaybox-"
 #: Printable ASCII but space, '"' and '%': what the binding lets through unencoded.
 _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '"%')
-_BLANKS = " \t"
 
 Header = tuple[bytes, bytes]
 
@@ -167,7 +147,7 @@ class HttpPublisher:
         #: The URL httpx is given: no user or password, which go as `auth`.
         self.url = str(parsed.copy_with(userinfo=b""))
         self._auth = _basic_auth(parsed)
-        self._hidden = _secrets(parsed, secret)
+        self._hidden = _secrets(url, parsed, secret)
         self._display = display
         self._secret = secret
         self._batch = batch
@@ -203,21 +183,16 @@ class HttpPublisher:
     async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
         if self._client is None:
             raise ConfigurationError("HttpPublisher.publish called before start()")
-        refused = _refused(messages)
-        if refused:  # each alone, never in a request: see `envelope.check_stored_headers`
-            sent = iter(await self.publish([m for i, m in enumerate(messages) if i not in refused]))
-            return [refused.get(i) or next(sent) for i in range(len(messages))]
         if not self._batch:
             return list(await asyncio.gather(*(self._post_one(m) for m in messages)))
         return await self._post_batches(messages)
 
     async def _post_one(self, message: StoredMessage) -> PublishResult:
-        refusal = _refusal(message)
-        if refusal is not None:
-            return refusal
         try:
             headers = [(b"Content-Type", message.content_type.encode())]
             headers += _binary_headers(message, self._source)
+        except InvalidHeadersError as error:  # a stored row's header poses as the envelope's
+            return permanent(str(error))
         except ValueError as error:  # text UTF-8 cannot carry (a lone surrogate)
             return permanent(f"message cannot be sent as an HTTP request: {error}")
         return await self._post(message.topic, message.payload, headers)
@@ -228,16 +203,14 @@ class HttpPublisher:
         results: list[PublishResult] = [ACKED] * len(messages)
         by_topic: dict[str, list[tuple[int, bytes]]] = {}
         for index, message in enumerate(messages):
-            refusal = _refusal(message)
-            if refusal is None:
-                try:
-                    event = _event(message, self._source)
-                except (ValueError, RecursionError) as error:
-                    refusal = permanent(f"message cannot be encoded as a CloudEvent: {error}")
-                else:
-                    by_topic.setdefault(message.topic, []).append((index, event))
-            if refusal is not None:
-                results[index] = refusal
+            try:
+                event = _event(message, self._source)
+            except InvalidHeadersError as error:  # a stored row's header poses as the envelope's
+                results[index] = permanent(str(error))
+            except (ValueError, RecursionError) as error:
+                results[index] = permanent(f"message cannot be encoded as a CloudEvent: {error}")
+            else:
+                by_topic.setdefault(message.topic, []).append((index, event))
         batches = [
             (topic, batch)
             for topic, events in by_topic.items()
@@ -287,9 +260,7 @@ class HttpPublisher:
         return classify(response, start)
 
     def _redact(self, text: str) -> str:
-        for hidden in self._hidden:
-            text = text.replace(hidden, "***")
-        return text
+        return scrub(text, self._hidden)
 
 
 def _failure(error: Exception, timeout: float) -> PublishResult:
@@ -339,31 +310,14 @@ async def _read_start(response: httpx.Response, deadline: float) -> bytes:
     return bytes(start[:RESPONSE_READ_LIMIT])
 
 
-def _refusal(message: StoredMessage) -> PublishResult | None:
-    for name in message.headers:
-        lowered = name.lower()
-        if lowered in REFUSED_HEADERS or lowered.startswith(_REFUSED_PREFIX):
-            return permanent(
-                f"message header {name!r} is not sent to a webhook: it would steer the "
-                "HTTP request itself (its framing, connection or credentials), not travel "
-                "with the message; rename it"
-            )
-    return None
-
-
 def _binary_headers(message: StoredMessage, source: str) -> list[Header]:
     attributes = envelope.attributes(message, source)
     found = [
         (f"{PREFIX}{name}".encode(), _percent_encode(v).encode()) for name, v in attributes.items()
     ]
-    taken = {f"{PREFIX}{name}" for name in attributes} | _OWN_HEADERS
-    own = (
-        (name.encode(), value.strip(_BLANKS).encode())
-        for name, value in message.headers.items()
-        # never let a header pose as an attribute, the topic, or the client's own
-        if name.lower() not in taken and not name.lower().startswith(_RESERVED_PREFIX)
-    )
-    return found + list(own)
+    # `attributes` refused the message if a header of its own takes a name of the
+    # envelope's, HTTP's or this module's: what is left travels as it is.
+    return found + [(name.encode(), value.encode()) for name, value in message.headers.items()]
 
 
 def _event(message: StoredMessage, source: str) -> bytes:
@@ -394,32 +348,16 @@ def _basic_auth(url: httpx.URL) -> httpx.BasicAuth | None:
     return httpx.BasicAuth(url.username, url.password)
 
 
-def _secrets(url: httpx.URL, secret: str | None) -> tuple[str, ...]:
-    """What no error text may show: the password, as written and as sent, and the
-    signing secret."""
-    found = [secret or ""]
-    if url.password:
-        credentials = f"{url.username}:{url.password}".encode()
-        found += [
-            url.password,
-            urllib.parse.quote(url.password, safe=""),
-            url.userinfo.decode("ascii", "replace").partition(":")[2],
-            base64.b64encode(credentials).decode("ascii"),
-        ]
-    return tuple(sorted({text for text in found if text}, key=len, reverse=True))
-
-
-def _refused(messages: Sequence[StoredMessage]) -> dict[int, PublishResult]:
-    """The messages with a header of their own that takes a name of the envelope or of
-    HTTP (rows `Message` did not write), by index, each failed for good."""
-    refused = {}
-    for index, message in enumerate(messages):
-        if message.headers:
-            try:
-                envelope.check_stored_headers(message)
-            except InvalidHeadersError as error:
-                refused[index] = permanent(str(error))
-    return refused
+def _secrets(url: str, parsed: httpx.URL, secret: str | None) -> frozenset[str]:
+    """What no error text may show: the URL's secrets (as written and decoded), the
+    Basic credentials as sent, and the signing secret."""
+    found = set(url_secrets(url))
+    if secret:
+        found.add(secret)
+    if parsed.password:
+        credentials = f"{parsed.username}:{parsed.password}".encode()
+        found.add(base64.b64encode(credentials).decode("ascii"))
+    return frozenset(found)
 
 
 def _percent_encode(value: str) -> str:
