@@ -94,9 +94,9 @@ def brokers(values: Iterable[str], files: Iterable[str]) -> dict[str, str]:
     """Target name -> URL, from `NAME=URL` values (or RELAYBOX_BROKER) and `NAME=PATH`
     files."""
     found: dict[str, str] = {}
-    given = [(value, "--broker", _split(value, "--broker", "URL")) for value in values]
-    read = [(value, "--broker-file", _split(value, "--broker-file", "PATH")) for value in files]
-    for _, option, (name, source) in given + read:
+    given = [("--broker", _split(value, "--broker", "URL")) for value in values]
+    read = [("--broker-file", _split(value, "--broker-file", "PATH")) for value in files]
+    for option, (name, source) in given + read:
         if name in found:
             raise ConfigurationError(f"{option} names target {name!r} twice")
         found[name] = source if option == "--broker" else read_url(source)

@@ -65,7 +65,7 @@ from relaybox.consumers.base import (
 )
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
-from relaybox.core.urls import mask_password
+from relaybox.core.urls import mask_url
 from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError, EnvelopeError
 from relaybox.inbox.consumer import Consumer
 from relaybox.publishers.amqp import PREFIX
@@ -191,7 +191,7 @@ class AmqpConsumer(BrokerConsumer):
         self.timeout = timeout
         self.reconnect_wait = reconnect_wait
         self.name = name
-        self._masked = mask_password(url)
+        self._masked = mask_url(url)
 
     # -- the loop ---------------------------------------------------------------------
 

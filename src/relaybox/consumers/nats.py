@@ -58,7 +58,7 @@ from relaybox.consumers.base import (
 )
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
-from relaybox.core.urls import mask_password
+from relaybox.core.urls import mask_url
 from relaybox.errors import BrokerUnavailableError, ConfigurationError, EnvelopeError
 from relaybox.inbox.consumer import Consumer
 from relaybox.publishers.nats import PREFIX
@@ -201,7 +201,7 @@ class NatsConsumer(BrokerConsumer):
         self.reconnect_wait = reconnect_wait
         self._reconnects = Backoff.reconnects(reconnect_wait)
         self.name = name
-        self._masked = mask_password(url)
+        self._masked = mask_url(url)
 
     # -- the loop ---------------------------------------------------------------------
 

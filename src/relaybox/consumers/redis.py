@@ -62,7 +62,7 @@ from relaybox.consumers.base import (
 from relaybox.core import envelope
 from relaybox.core.ids import instance_name
 from relaybox.core.incoming import Incoming
-from relaybox.core.urls import mask_password
+from relaybox.core.urls import mask_url
 from relaybox.errors import BrokerUnavailableError, ConfigurationError, EnvelopeError
 from relaybox.inbox.consumer import Consumer
 from relaybox.publishers.redis import CONTENT_TYPE_FIELD, DATA_FIELD, HEADER_PREFIX
@@ -164,7 +164,7 @@ class RedisConsumer(BrokerConsumer):
         self.timeout = timeout
         self.reconnect_wait = reconnect_wait
         self._reconnects = Backoff.reconnects(reconnect_wait)
-        self._masked = mask_password(url)
+        self._masked = mask_url(url)
 
     # -- the loop ---------------------------------------------------------------------
 

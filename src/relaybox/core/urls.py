@@ -69,10 +69,6 @@ def mask_url(text: str) -> str:
     return "".join(pieces)
 
 
-#: The name the masking had when it masked passwords only.
-mask_password = mask_url
-
-
 def url_secrets(url: str) -> frozenset[str]:
     """Every secret `mask_url` hides in `url`, as written and percent-decoded."""
     found: set[str] = set()

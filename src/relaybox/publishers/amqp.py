@@ -70,7 +70,7 @@ from relaybox.core.publishing import (
     unavailable,
 )
 from relaybox.core.records import StoredMessage
-from relaybox.core.urls import mask_password
+from relaybox.core.urls import mask_url
 from relaybox.errors import BrokerError, BrokerUnavailableError, InvalidHeadersError
 from relaybox.publishers.options import BrokerUrl
 
@@ -152,7 +152,7 @@ class AmqpPublisher:
         source: str = envelope.DEFAULT_SOURCE,
     ) -> None:
         self._url = url
-        self._display = mask_password(url)
+        self._display = mask_url(url)
         self._exchange = exchange
         self._timeout = timeout
         self._source = source

@@ -78,7 +78,7 @@ from relaybox.core.publishing import (
     unavailable,
 )
 from relaybox.core.records import StoredMessage
-from relaybox.core.urls import mask_password, scrub, url_secrets
+from relaybox.core.urls import mask_url, scrub, url_secrets
 from relaybox.errors import BrokerUnavailableError, ConfigurationError, InvalidHeadersError
 from relaybox.publishers.options import BrokerUrl
 from relaybox.publishers.webhook_signature import SIGNATURE_HEADER, check_secret, sign
@@ -131,7 +131,7 @@ class HttpPublisher:
         max_batch_events: int = DEFAULT_MAX_BATCH_EVENTS,
         source: str = envelope.DEFAULT_SOURCE,
     ) -> None:
-        display = mask_password(url)
+        display = mask_url(url)
         check_secret(secret)
         try:
             parsed = httpx.URL(url)

@@ -59,7 +59,7 @@ from relaybox.core.publishing import (
     unavailable,
 )
 from relaybox.core.records import StoredMessage
-from relaybox.core.urls import mask_password
+from relaybox.core.urls import mask_url
 from relaybox.errors import BrokerUnavailableError, ConfigurationError, InvalidHeadersError
 from relaybox.publishers import nats_protocol
 from relaybox.publishers.options import BrokerUrl
@@ -267,7 +267,7 @@ class NatsPublisher:
         self._connect_timeout = connect_timeout
         self._reconnect_wait = reconnect_wait
         self._name = name
-        self._masked = mask_password(server)
+        self._masked = mask_url(server)
         self._client: Client | None = None
         self._acks: _Acks | None = None
         self._last_error: Exception | None = None

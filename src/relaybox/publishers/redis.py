@@ -55,7 +55,7 @@ from relaybox.core.publishing import (
     unavailable,
 )
 from relaybox.core.records import StoredMessage
-from relaybox.core.urls import mask_password
+from relaybox.core.urls import mask_url
 from relaybox.errors import BrokerUnavailableError, ConfigurationError, InvalidHeadersError
 from relaybox.publishers import redis_protocol
 from relaybox.publishers.options import BrokerUrl
@@ -188,7 +188,7 @@ class RedisPublisher:
         except (redis_errors.RedisError, OSError, TimeoutError) as error:
             await client.aclose()
             raise BrokerUnavailableError(
-                f"cannot reach Redis at {mask_password(self.url)}: {error}"
+                f"cannot reach Redis at {mask_url(self.url)}: {error}"
             ) from error
         self._client = client
 
