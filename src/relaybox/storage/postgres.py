@@ -45,10 +45,18 @@ from relaybox.storage.urls import DatabaseUrl
 #: For the relay's own connections. The claim's estimated cost (its per-row order
 #: checks) crosses jit_above_cost, and compiling it cost more than running it.
 #: The claim's order guarantee needs each statement to see what committed before it.
+#: No sequential scans: every statement relaybox runs on these connections finds its
+#: rows by an index (by seq, or by key), and must keep doing so whatever the planner
+#: last knew of the table. A plan is cached per connection and reused, and one made
+#: while the outbox was empty or never analyzed (a fresh deploy, a truncate) prices a
+#: whole-table scan as nothing: kept as the backlog grows, it read the whole backlog
+#: on every read and settle. With sequential scans off, the index plan is the one
+#: chosen at every size (tests/integration/test_postgres_plans.py holds the plans).
 SESSION_SETTINGS = {
     "jit": "off",
     "default_transaction_isolation": "read committed",
     "application_name": "relaybox",
+    "enable_seqscan": "off",
 }
 
 #: Where a claimed row has its payload, once its `expired` flag is cut off.

@@ -102,6 +102,12 @@ CREATE TABLE IF NOT EXISTS {table}_partitions (
     CONSTRAINT {prefix}_partitions_lease_ck CHECK ((owner IS NULL) = (lease_until IS NULL))
 );
 
+-- The functions below find rows of {table} by seq with `o.seq = ANY(array)` (the seqs
+-- a step chose), never by a join to them: with the outbox table as a statement's only
+-- relation, its plan is a walk of the primary key whatever the planner believes of the
+-- table's size, where a join leaves it free to scan the whole table on one side (the
+-- plan it makes while the table is empty or never analyzed, kept as it grows).
+
 -- The byte budget of a claim or read, on rows already chosen (p_seqs, with their
 -- payload sizes p_sizes, in any order): the seqs, in seq order, whose payloads together
 -- stay within p_max_bytes, and, if p_alone, a first payload larger on its own, alone.
@@ -226,7 +232,9 @@ BEGIN
                array_agg(c.size ORDER BY c.seq)
         INTO v_heads, v_head_targets, v_head_keys, v_head_sizes
         FROM (
-            SELECT o.seq, o.target, o.key, octet_length(o.payload) AS size FROM (
+            SELECT o.seq, o.target, o.key, octet_length(o.payload) AS size
+            FROM {table} o
+            WHERE o.seq = ANY(ARRAY(
                 WITH RECURSIVE heads AS (
                     (SELECT k.target, k.key, k.seq FROM {table} k
                      WHERE k.key IS NOT NULL
@@ -238,10 +246,8 @@ BEGIN
                           AND (k.target, k.key) > (p.target, p.key)
                         ORDER BY k.target, k.key, k.seq LIMIT 1) n
                 )
-                SELECT heads.seq FROM heads WHERE heads.seq > v_last
-            ) AS head
-            JOIN {table} o ON o.seq = head.seq
-            WHERE (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
+                SELECT heads.seq FROM heads WHERE heads.seq > v_last))
+              AND (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
               AND (p_targets IS NULL OR o.target = ANY(p_targets))
               AND CASE WHEN o.status = 'processing' THEN o.locked_until < now()
                        ELSE o.available_at <= now() END
@@ -357,7 +363,9 @@ BEGIN
            array_agg(c.size ORDER BY c.seq)
     INTO v_heads, v_head_targets, v_head_keys, v_head_sizes
     FROM (
-        SELECT o.seq, o.target, o.key, octet_length(o.payload) AS size FROM (
+        SELECT o.seq, o.target, o.key, octet_length(o.payload) AS size
+        FROM {table} o
+        WHERE o.seq = ANY(ARRAY(
             WITH RECURSIVE heads AS (
                 (SELECT k.target, k.key, k.seq FROM {table} k
                  WHERE k.key IS NOT NULL
@@ -369,10 +377,8 @@ BEGIN
                       AND (k.target, k.key) > (p.target, p.key)
                     ORDER BY k.target, k.key, k.seq LIMIT 1) n
             )
-            SELECT heads.seq FROM heads WHERE heads.seq > v_last
-        ) AS head
-        JOIN {table} o ON o.seq = head.seq
-        WHERE (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
+            SELECT heads.seq FROM heads WHERE heads.seq > v_last))
+          AND (p_partitions IS NULL OR o.partition % p_count = ANY(p_partitions))
           AND (p_targets IS NULL OR o.target = ANY(p_targets))
           AND o.status <> 'processing' AND o.available_at <= now()
           AND o.seq NOT IN (SELECT unnest(p_busy))
@@ -425,7 +431,8 @@ BEGIN
         o.type, o.content_type, o.payload, o.headers::text, o.correlation_id,
         o.causation_id, o.tenant_id, o.aggregate_id, o.occurred_at,
         o.attempts, false
-    FROM unnest(v_seqs) AS x(seq) JOIN {table} o ON o.seq = x.seq
+    FROM {table} o
+    WHERE o.seq = ANY(v_seqs)
     ORDER BY o.seq;
 END
 $$;
