@@ -1,0 +1,278 @@
+"""Log mode against a PostgreSQL of its own (wal_level=logical; the shared one runs
+wal_level=replica): a committed message is published and a rolled-back one never is;
+the slot's position never passes a message its broker has not confirmed, and one that
+was not confirmed is streamed again to the next relay; a message the broker refuses
+goes to the table and is delivered from there, with the later messages of its key
+behind it; a second relay of the table stands by until the first lets go."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from relaybox import ConfigurationError, LogOutbox, Message, NoTransactionError
+from relaybox.core.log_records import decode_rows, log_slot
+from relaybox.publishers.memory import MemoryPublisher
+from relaybox.relay.log_stream import LogRelay
+from relaybox.storage.pg_log import (
+    Committed,
+    LogStream,
+    LogTable,
+    SlotBusyError,
+    confirmed_position,
+    create_slot,
+    drop_slot,
+    parse_lsn,
+)
+from tests.chaos.cluster import ThrowawayPostgres
+from tests.databases import create, unique_table
+from tests.relay_support import eventually, fast_settings
+
+LOGICAL = {"wal_level": "logical", "max_replication_slots": "20", "max_wal_senders": "20"}
+
+
+@pytest.fixture(scope="module")
+def logical_pg() -> Iterator[str]:
+    server = ThrowawayPostgres(LOGICAL)
+    try:
+        server.start()
+        yield server.url
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+async def table(logical_pg: str) -> AsyncIterator[str]:
+    name = unique_table("logm")
+    await create(logical_pg, name)
+    assert await create_slot(logical_pg, name)
+    try:
+        yield name
+    finally:
+        await drop_slot(logical_pg, name)
+
+
+def write(url: str, table: str, *batches: list[Message], rollback: bool = False) -> None:
+    """Each batch in a transaction of its own (all rolled back with `rollback`)."""
+    outbox = LogOutbox(table=table)
+    with psycopg.connect(url) as connection:
+        for batch in batches:
+            outbox.add(connection, batch)
+            connection.rollback() if rollback else connection.commit()
+
+
+def msg(key: str | None, n: int, **fields: Any) -> Message:
+    return Message(topic="orders", key=key, payload={"key": key, "n": n}, **fields)
+
+
+def numbers(publisher: MemoryPublisher, key: str) -> list[int]:
+    """The `n` of each confirmed message of `key`, in the order the broker took them."""
+    import json
+
+    return [json.loads(m.payload)["n"] for m in publisher.published if m.key == key]
+
+
+def wal_position(url: str) -> int:
+    with psycopg.connect(url) as connection:
+        row = connection.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    return parse_lsn(row[0])
+
+
+@contextlib.asynccontextmanager
+async def log_relay(url: str, table: str, publisher: MemoryPublisher) -> AsyncIterator[LogRelay]:
+    relay = LogRelay([url], {"default": publisher}, table=table, settings=fast_settings())
+    await relay.start()
+    try:
+        yield relay
+    finally:
+        await relay.stop()
+
+
+async def test_committed_is_published_and_rolled_back_never(logical_pg: str, table: str) -> None:
+    publisher = MemoryPublisher()
+    async with log_relay(logical_pg, table, publisher) as relay:
+        write(logical_pg, table, [msg("a", 0), msg("b", 0)], [msg("a", 1)])
+        write(logical_pg, table, [msg("a", 99), msg(None, 99)], rollback=True)
+        write(logical_pg, table, [msg("a", 2)])
+        await eventually(lambda: len(numbers(publisher, "a")) == 3)
+        assert numbers(publisher, "a") == [0, 1, 2]
+        assert numbers(publisher, "b") == [0]
+        assert len(publisher.published) == 4  # the rolled-back two never came
+        assert relay.streamers[0].metrics.diverted == 0
+        stored = publisher.published[0]
+        assert (stored.topic, stored.type, stored.attempts) == ("orders", "orders", 0)
+
+
+async def test_slot_stays_before_an_unconfirmed_message_which_comes_again(
+    logical_pg: str, table: str
+) -> None:
+    """The broker never answers: the relay stops (as a crash would leave it, nothing
+    confirmed), and the slot's position is still before the message's commit, so the
+    next stream brings it again; a relay then publishes it."""
+    hung = MemoryPublisher()
+    hung.hang()
+    relay = LogRelay([logical_pg], {"default": hung}, table=table,
+                     settings=fast_settings(publish_timeout=30.0))  # fmt: skip
+    await relay.start()
+    write(logical_pg, table, [msg("k", 0)])
+    await eventually(lambda: len(hung.attempts) == 1)
+    before = await confirmed_position(logical_pg, table)
+    await relay.stop(timeout=0.2)  # cut short mid-publish: nothing confirmed
+    after = await confirmed_position(logical_pg, table)
+    assert before is not None
+    assert after is not None
+
+    stream = await LogStream.open(logical_pg, table)
+    try:
+        events: list[Any] = []
+        for _ in range(50):
+            events += await stream.read(0.1)
+            if any(isinstance(e, Committed) for e in events):
+                break
+        committed = [e for e in events if isinstance(e, Committed)]
+        assert committed, events
+        assert max(before, after) < committed[0].end_lsn  # the slot never passed it
+        (row,) = decode_rows(committed[0].contents[0])
+        assert row[4] == "k"
+    finally:
+        await stream.close()  # confirmed nothing
+
+    publisher = MemoryPublisher()
+    async with log_relay(logical_pg, table, publisher):
+        await eventually(lambda: numbers(publisher, "k") == [0])
+
+
+async def test_position_is_confirmed_once_published(logical_pg: str, table: str) -> None:
+    publisher = MemoryPublisher()
+    async with log_relay(logical_pg, table, publisher) as relay:
+        write(logical_pg, table, [msg("k", 0)])
+        written = wal_position(logical_pg)
+        await eventually(lambda: numbers(publisher, "k") == [0])
+        await eventually(lambda: relay.streamers[0].confirmed >= written)
+        position = await confirmed_position(logical_pg, table)
+        assert position is not None
+        assert position >= written
+
+
+async def test_a_failed_message_goes_to_the_table_and_its_key_follows_it(
+    logical_pg: str, table: str
+) -> None:
+    """k's first message fails at the broker for a while: it is written to the table
+    and delivered by the table relay, and k's later messages, committed meanwhile,
+    go behind it instead of overtaking it; another key is not held up."""
+    publisher = MemoryPublisher()
+    publisher.fail(lambda m: m.key == "k" and b'"n":0' in m.payload, times=4)
+    async with log_relay(logical_pg, table, publisher) as relay:
+        write(logical_pg, table, [msg("k", 0)], [msg("k", 1)], [msg("other", 0)],
+              [msg("k", 2), msg("k", 3)], [msg("other", 1)])  # fmt: skip
+        await eventually(lambda: len(numbers(publisher, "k")) == 4)
+        await eventually(lambda: len(numbers(publisher, "other")) == 2)
+        assert numbers(publisher, "k") == [0, 1, 2, 3]
+        assert numbers(publisher, "other") == [0, 1]
+        metrics = relay.streamers[0].metrics
+        assert metrics.diverted == 4  # k's four, none of other's
+        assert metrics.published == 2
+        # Once the table holds no row of k, its messages go straight out again.
+        await eventually(lambda: _empty(logical_pg, table))
+        write(logical_pg, table, [msg("k", 4)])
+        await eventually(lambda: numbers(publisher, "k") == [0, 1, 2, 3, 4])
+        assert relay.streamers[0].metrics.diverted == 4
+
+
+async def test_keys_waiting_in_the_table_at_start_hold_their_stream(
+    logical_pg: str, table: str
+) -> None:
+    """A row of k waits in the table (delayed) when the relay starts: k's message from
+    the stream goes behind it, and is published after it."""
+    storage = await LogTable.connect(logical_pg, table=table)
+    try:
+        outbox = LogOutbox(table=table)
+        _, rows = outbox.rows(msg("k", 0, delay=0.6))
+        await storage.write(rows)
+    finally:
+        await storage.close()
+    publisher = MemoryPublisher()
+    async with log_relay(logical_pg, table, publisher) as relay:
+        await eventually(lambda: relay.streamers[0].streaming)
+        write(logical_pg, table, [msg("k", 1)], [msg("free", 0)])
+        await eventually(lambda: numbers(publisher, "free") == [0])
+        await eventually(lambda: len(numbers(publisher, "k")) == 2)
+        assert numbers(publisher, "k") == [0, 1]
+        assert relay.streamers[0].metrics.diverted == 1
+
+
+async def test_a_delayed_message_waits_in_the_table(logical_pg: str, table: str) -> None:
+    publisher = MemoryPublisher()
+    async with log_relay(logical_pg, table, publisher):
+        started = datetime.datetime.now(datetime.UTC)
+        write(logical_pg, table, [msg("d", 0, delay=0.5)])
+        await eventually(lambda: numbers(publisher, "d") == [0])
+        assert datetime.datetime.now(datetime.UTC) - started >= datetime.timedelta(seconds=0.5)
+
+
+async def test_a_second_relay_stands_by_then_takes_over(logical_pg: str, table: str) -> None:
+    first, second = MemoryPublisher(), MemoryPublisher()
+    relay_one = LogRelay([logical_pg], {"default": first}, table=table, settings=fast_settings())
+    relay_two = LogRelay([logical_pg], {"default": second}, table=table, settings=fast_settings())
+    await relay_one.start()
+    try:
+        await eventually(lambda: relay_one.streamers[0].streaming)
+        await relay_two.start()
+        write(logical_pg, table, [msg("k", 0)])
+        await eventually(lambda: numbers(first, "k") == [0])
+        await asyncio.sleep(0.3)
+        assert not relay_two.streamers[0].streaming
+        with pytest.raises(SlotBusyError):
+            await LogStream.open(logical_pg, table)
+        await relay_one.stop()
+        await eventually(lambda: relay_two.streamers[0].streaming)
+        write(logical_pg, table, [msg("k", 1)])
+        await eventually(lambda: numbers(second, "k") == [1])
+        assert numbers(first, "k") == [0]
+    finally:
+        await relay_one.stop()
+        await relay_two.stop()
+
+
+async def test_the_relay_creates_a_missing_slot(logical_pg: str, table: str) -> None:
+    await drop_slot(logical_pg, table)
+    publisher = MemoryPublisher()
+    async with log_relay(logical_pg, table, publisher) as relay:
+        await eventually(lambda: relay.streamers[0].streaming)
+        write(logical_pg, table, [msg("k", 0)])
+        await eventually(lambda: numbers(publisher, "k") == [0])
+    with psycopg.connect(logical_pg) as connection:
+        row = connection.execute(
+            "SELECT plugin FROM pg_replication_slots WHERE slot_name = %s", (log_slot(table),)
+        ).fetchone()
+    assert row == ("pgoutput",)
+
+
+async def test_slot_needs_wal_level_logical(pg_url: str) -> None:
+    with pytest.raises(ConfigurationError, match="wal_level = logical"):
+        await create_slot(pg_url, unique_table("logm"))
+
+
+def test_log_outbox_refuses_other_databases_and_autocommit(logical_pg: str) -> None:
+    outbox = LogOutbox()
+    with pytest.raises(ConfigurationError, match="PostgreSQL"):
+        outbox.add(sqlite3.connect(":memory:"), msg("k", 0), allow_autocommit=True)
+    with (
+        psycopg.connect(logical_pg, autocommit=True) as connection,
+        pytest.raises(NoTransactionError),
+    ):
+        outbox.add(connection, msg("k", 0))
+
+
+def _empty(url: str, table: str) -> bool:
+    with psycopg.connect(url) as connection:
+        row = connection.execute(f"SELECT count(*) FROM {table}").fetchone()
+    return row == (0,)
