@@ -259,8 +259,9 @@ class LogStream:
 
     async def _wait_readable(self, seconds: float) -> None:
         self._readable.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._readable.wait(), seconds)
+        with contextlib.suppress(TimeoutError):  # (asyncio.timeout makes no task, wait_for does)
+            async with asyncio.timeout(seconds):
+                await self._readable.wait()
 
     # -- confirming ---------------------------------------------------------------------
 
