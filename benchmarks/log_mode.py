@@ -91,18 +91,13 @@ def setup(url: str) -> bytes:
 
     from relaybox import Message, Outbox
     from relaybox.migrations import migrate
-    from relaybox.storage.pg_log import create_slot, drop_slot
 
     for table in (OUTBOX, LOG_TABLE):
         asyncio.run(migrate(url, table=table))
-    asyncio.run(drop_slot(url, LOG_TABLE))
-    asyncio.run(create_slot(url, LOG_TABLE))
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"TRUNCATE {OUTBOX}, {LOG_TABLE}")
-        conn.execute(f"DROP TABLE IF EXISTS {ORDERS}, {PLAIN}, {WALBOX_TABLE}, walbox_checkpoint")
+        conn.execute(f"DROP TABLE IF EXISTS {ORDERS}, {PLAIN}, {WALBOX_TABLE}")
         conn.execute(f"DROP PUBLICATION IF EXISTS {WALBOX_PUB}")
-        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                     "WHERE slot_name = %s", (WALBOX_SLOT,))  # fmt: skip
         conn.execute(f"CREATE TABLE {ORDERS} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
                      " customer text NOT NULL, total numeric NOT NULL,"
                      " created_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
@@ -115,13 +110,28 @@ def setup(url: str) -> bytes:
                      " entity_id TEXT, event_type TEXT, payload JSONB,"
                      " created_at TIMESTAMPTZ DEFAULT now(), msg_id uuid)")  # fmt: skip
         conn.execute(f"CREATE PUBLICATION {WALBOX_PUB} FOR TABLE {WALBOX_TABLE}")
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (WALBOX_SLOT,))
         with conn.transaction(force_rollback=True):  # pad the plain row to the outbox row
             Outbox(table=OUTBOX).add(conn, Message(topic="orders", key="k", payload=PAYLOAD))
             plain_insert(conn, "k", b"")
             (outbox_size,) = conn.execute(f"SELECT pg_column_size(t.*) FROM {OUTBOX} t").fetchone()
             (plain_size,) = conn.execute(f"SELECT pg_column_size(t.*) FROM {PLAIN} t").fetchone()
     return b"p" * max(0, outbox_size - plain_size)
+
+
+def fresh_slots(url: str) -> None:
+    """Both slots anew, so that neither consumer starts behind a backlog (the
+    throughput part's messages)."""
+    import psycopg
+
+    from relaybox.storage.pg_log import create_slot, drop_slot
+
+    asyncio.run(drop_slot(url, LOG_TABLE))
+    asyncio.run(create_slot(url, LOG_TABLE))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS walbox_checkpoint")
+        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                     "WHERE slot_name = %s", (WALBOX_SLOT,))  # fmt: skip
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (WALBOX_SLOT,))
 
 
 def plain_insert(conn: Any, key: str, padding: bytes) -> None:
@@ -345,6 +355,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def latency(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    fresh_slots(url)
     work = Path(tempfile.mkdtemp(prefix="relaybox-logbench-"))
     consumers = {
         "relaybox": [sys.executable, __file__, "_consumer", "relaybox", url, str(work)],
