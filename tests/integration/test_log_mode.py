@@ -27,6 +27,7 @@ import pytest
 from relaybox import ConfigurationError, LogOutbox, Message, NoTransactionError
 from relaybox.core.log_records import decode_rows, log_slot
 from relaybox.publishers.memory import MemoryPublisher
+from relaybox.relay import log_stream
 from relaybox.relay.log_stream import LogRelay
 from relaybox.storage.pg_log import (
     Committed,
@@ -190,6 +191,19 @@ async def test_a_failed_message_goes_to_the_table_and_its_key_follows_it(
         write(logical_pg, table, [msg("k", 4)])
         await eventually(lambda: numbers(publisher, "k") == [0, 1, 2, 3, 4])
         assert relay.streamers[0].metrics.diverted == 4
+
+
+async def test_a_key_no_message_asks_about_again_is_forgotten(
+    logical_pg: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(log_stream, "PRUNE_INTERVAL", 0.1)
+    publisher = MemoryPublisher()
+    publisher.fail(lambda m: m.key == "once", times=1)
+    async with log_relay(logical_pg, table, publisher) as relay:
+        write(logical_pg, table, [msg("once", 0)])
+        await eventually(lambda: numbers(publisher, "once") == [0])
+        assert relay.streamers[0].metrics.diverted == 1
+        await eventually(lambda: not relay.streamers[0].blocked)
 
 
 async def test_keys_waiting_in_the_table_at_start_hold_their_stream(

@@ -15,20 +15,22 @@ server, so the slot never moves past a message that is neither confirmed by its
 broker nor committed to the table. A streamer that stops or crashes before that
 leaves the batch unconfirmed, and the next stream sends it again: at least once.
 
-Per-key order. The stream is in commit order, and the writers of one key take turns
-(their transactions hold the key's row lock or their own order), so a key's messages
-come in order. When one of them goes to the table, every later message of its key must
-follow it there, or it would overtake the one the table relay retries. So the streamer
-keeps the (target, key) pairs it knows to have rows in the table as blocked: the rest
-of a failed message's chain in the batch goes to the table behind it, and so does any
-later message of a blocked key. A blocked key is looked up again when a batch holds a
-message of it, and freed once the table holds no row of it (the table relay deletes a
-row, or moves it to the done table, only after its broker confirmed it, or when it
-abandons it, after which table mode lets the key's next message go too). When a
-stream starts, every key with a row in the table is blocked: rows that an earlier
-streamer wrote may still be there. A message with a delay, or for a target this relay
-has no broker for, goes to the table as well (the table relay honours the delay;
-another relay may serve that target), and blocks its key likewise.
+Per-key order. The stream is in commit order, which is the order of a key's messages:
+of two transactions that emit messages of one key, the one that commits first comes
+first (no key lock is needed, unlike the table's sequence numbers). When one of them
+goes to the table, every later message of its key must follow it there, or it would
+overtake the one the table relay retries. So the streamer keeps the (target, key)
+pairs it knows to have rows in the table as blocked: the rest of a failed message's
+chain in the batch goes to the table behind it, and so does any later message of a
+blocked key. A blocked key is looked up again when a batch holds a message of it, and
+freed once the table holds no row of it (the table relay deletes a row, or moves it to
+the done table, only after its broker confirmed it, or when it abandons it, after
+which table mode lets the key's next message go too). Every `PRUNE_INTERVAL` seconds
+all blocked keys are looked up, so that keys no later message asks about do not pile
+up in memory. When a stream starts, every key with a row in the table is blocked:
+rows that an earlier streamer wrote may still be there. A message with a delay, or for
+a target this relay has no broker for, goes to the table as well (the table relay
+honours the delay; another relay may serve that target), and blocks its key likewise.
 
 Writing one table from both modes at once (an `Outbox` and a `LogOutbox` with the same
 keys) gives no order between the two: use one mode per table.
@@ -84,6 +86,11 @@ logger = logging.getLogger(__name__)
 STANDBY_INTERVAL = 1.0
 #: Seconds a read waits for the stream before the streamer looks at its other duties.
 READ_WAIT = 1.0
+#: Seconds between looks at every blocked key, so that keys no message asks about
+#: again are forgotten once the table holds none of their rows.
+PRUNE_INTERVAL = 10.0
+#: Keys per look.
+PRUNE_CHUNK = 1000
 #: Pauses between attempts at writing the messages a batch could not publish.
 WRITE_RETRY = (0.1, 0.5, 1.0, 2.0, 5.0)
 
@@ -139,6 +146,7 @@ class LogStreamer:
         self._on_diverted = on_diverted
         self._blocked: set[Pair] = set()
         self._seq = 0
+        self._prune_at = 0.0
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._table: LogTable | None = None  # opened by the first session
@@ -230,6 +238,8 @@ class LogStreamer:
                 self.confirmed = stream.confirmed
             if stream.status_due():
                 stream.send_status()
+            if self._blocked and time.monotonic() >= self._prune_at:
+                await self._prune(table)
 
     # -- one batch ----------------------------------------------------------------------
 
@@ -303,6 +313,20 @@ class LogStreamer:
                            extra={"action": "log_keys"})  # fmt: skip
             return
         blocked -= asked - live
+
+    async def _prune(self, table: LogTable) -> None:
+        """Forget the blocked keys that have no row in the table any more."""
+        self._prune_at = time.monotonic() + PRUNE_INTERVAL
+        pairs = sorted(self._blocked)
+        for start in range(0, len(pairs), PRUNE_CHUNK):
+            chunk = pairs[start : start + PRUNE_CHUNK]
+            try:
+                live = await table.live_keys(chunk)
+            except StorageError as error:
+                logger.warning("%s: reading the table's keys failed: %s", self.name, error,
+                               extra={"action": "log_keys"})  # fmt: skip
+                return
+            self._blocked -= set(chunk) - live
 
     async def _write(self, rows: list[InsertRow], table: LogTable) -> None:
         """Insert `rows`, trying again until it works: the slot cannot move past them
