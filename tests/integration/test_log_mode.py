@@ -41,6 +41,8 @@ from relaybox.storage.pg_log import (
 )
 from tests.chaos.cluster import ThrowawayPostgres
 from tests.databases import create, unique_table
+from tests.integration import drivers
+from tests.integration.drivers import ASYNC_CASES, SYNC_CASES
 from tests.relay_support import eventually, fast_settings
 
 LOGICAL = {"wal_level": "logical", "max_replication_slots": "20", "max_wal_senders": "20"}
@@ -354,6 +356,65 @@ def _wait(check: Any, timeout: float = 60.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+# Django's connections are configured once, for the shared server.
+PG_SYNC = sorted(name for name, (dialect, _) in SYNC_CASES.items()
+                 if dialect == "postgresql" and not name.startswith("django"))  # fmt: skip
+PG_ASYNC = sorted(name for name, (dialect, _) in ASYNC_CASES.items() if dialect == "postgresql")
+
+
+def _drivers_to(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    monkeypatch.setattr(drivers, "PG_DSN", url)
+    monkeypatch.setattr(drivers, "SA_URLS", {
+        "postgresql": url.replace("postgresql://", "postgresql+psycopg://")})  # fmt: skip
+    monkeypatch.setattr(drivers, "SA_ASYNC_URLS", {
+        "postgresql": url.replace("postgresql://", "postgresql+asyncpg://")})  # fmt: skip
+
+
+async def _streamed(url: str, table: str) -> list[Any]:
+    """The rows of the first committed transaction in the slot (confirming nothing)."""
+    stream = await LogStream.open(url, table)
+    try:
+        for _ in range(100):
+            for event in await stream.read(0.1):
+                if isinstance(event, Committed):
+                    return [row for c in event.contents for row in decode_rows(c)]
+    finally:
+        await stream.close()
+    raise AssertionError("nothing streamed")
+
+
+@pytest.mark.parametrize("name", PG_SYNC)
+async def test_every_sync_driver_emits(
+    name: str, logical_pg: str, table: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _drivers_to(monkeypatch, logical_pg)
+    case = SYNC_CASES[name][1](tmp_path)
+    message = msg("k", 0, headers={"h": "v"}, tenant_id="t")
+    try:
+        LogOutbox(table=table).add(case.handle, message)
+        case.commit()
+    finally:
+        case.close()
+    (row,) = await _streamed(logical_pg, table)
+    assert (row[0], row[8], row[9], row[12]) == (message.id, message.body, '{"h":"v"}', "t")
+
+
+@pytest.mark.parametrize("name", PG_ASYNC)
+async def test_every_async_driver_emits(
+    name: str, logical_pg: str, table: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _drivers_to(monkeypatch, logical_pg)
+    case = await ASYNC_CASES[name][1](tmp_path)
+    batch = [msg("k", 0), Message(topic="bytes", payload=b"\x00\xff")]
+    try:
+        await LogOutbox(table=table).add_async(case.handle, batch)
+        await case.commit()
+    finally:
+        await case.close()
+    rows = await _streamed(logical_pg, table)
+    assert [(row[0], row[8]) for row in rows] == [(m.id, m.body) for m in batch]
 
 
 async def test_slot_needs_wal_level_logical(pg_url: str) -> None:
