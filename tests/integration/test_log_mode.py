@@ -115,6 +115,7 @@ async def test_committed_is_published_and_rolled_back_never(logical_pg: str, tab
         assert numbers(publisher, "b") == [0]
         assert len(publisher.published) == 4  # the rolled-back two never came
         assert relay.streamers[0].metrics.diverted == 0
+        assert relay.target_counters()["default"].acked == 4
         stored = publisher.published[0]
         assert (stored.topic, stored.type, stored.attempts) == ("orders", "orders", 0)
 
@@ -253,6 +254,9 @@ async def test_a_second_relay_stands_by_then_takes_over(logical_pg: str, table: 
         assert not relay_two.streamers[0].streaming
         with pytest.raises(SlotBusyError):
             await LogStream.open(logical_pg, table)
+        assert relay_two.streamers[0].standing_by
+        assert relay_two.readiness() == []  # standing by is its job
+        assert relay_one.readiness() == []
         await relay_one.stop()
         await eventually(lambda: relay_two.streamers[0].streaming)
         write(logical_pg, table, [msg("k", 1)])

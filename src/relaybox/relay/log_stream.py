@@ -57,6 +57,7 @@ from relaybox.core.circuit import CircuitBreaker
 from relaybox.core.log_records import decode_rows
 from relaybox.core.publishing import Outcome, PublishResult
 from relaybox.core.records import InsertRow, StoredMessage
+from relaybox.core.signals import TargetCounters
 from relaybox.errors import (
     ConfigurationError,
     MessageError,
@@ -117,6 +118,11 @@ class _StreamDelivery(Delivery):
         if result.outcome is Outcome.ACKED:
             out.published.append(message.seq)
             return True
+        counters = self.counters[message.target]
+        if result.unavailable or result.timed_out:
+            counters.unavailable += 1
+        else:  # the table relay tries it again
+            counters.retried += 1
         out.released.append(message.seq)
         return False
 
@@ -152,8 +158,17 @@ class LogStreamer:
         self._table: LogTable | None = None  # opened by the first session
         #: True while this relay streams the slot (False: connecting or standing by).
         self.streaming = False
+        #: True while another relay streams the slot and this one waits for it.
+        self.standing_by = False
+        #: Why the last session ended, if it failed (None once streaming).
+        self.last_error: str | None = None
         #: The last position confirmed to the server (0: none in this process).
         self.confirmed = 0
+
+    @property
+    def target_counters(self) -> Mapping[str, TargetCounters]:
+        """Per target, what came of the messages published from the stream."""
+        return self._delivery.counters
 
     @property
     def blocked(self) -> frozenset[Pair]:
@@ -181,7 +196,6 @@ class LogStreamer:
 
     async def _run(self) -> None:
         failures = 0
-        standing_by = False
         while not self._stopping.is_set():
             try:
                 await self._session()
@@ -189,12 +203,13 @@ class LogStreamer:
                 continue
             except RelayboxError as error:
                 if isinstance(error, SlotBusyError):
-                    if not standing_by:
+                    if not self.standing_by:
                         logger.info("%s: the slot is streamed by another relay; standing by",
                                     self.name, extra={"action": "log_standby"})  # fmt: skip
-                    standing_by = True
+                    self.standing_by = True
                     delay = STANDBY_INTERVAL
                 else:
+                    self.last_error = str(error)
                     failures += 1
                     delay = RECONNECT.delay(failures)
                     level = logging.WARNING if isinstance(error, StorageError) else logging.ERROR
@@ -222,7 +237,7 @@ class LogStreamer:
             # Rows an earlier streamer wrote may still wait in the table: their keys'
             # messages must follow them.
             self._blocked = await table.live_keys()
-            self.streaming = True
+            self.streaming, self.standing_by, self.last_error = True, False, None
             logger.info("%s: streaming %s", self.name, self.table, extra={"action": "log_stream"})
             await self._serve(stream, table)
         finally:
@@ -407,6 +422,26 @@ class LogRelay(Relay):
             )  # fmt: skip
             self.streamers.append(streamer)
             streamer.start()
+
+    def readiness(self) -> list[str]:
+        """The table relay's reasons, and each stream that is neither streaming nor
+        standing by for another relay of the table."""
+        problems = super().readiness()
+        if self.started_at is None or problems[:1] == ["the relay is not running"]:
+            return problems
+        for streamer in self.streamers:
+            if not streamer.streaming and not streamer.standing_by:
+                why = streamer.last_error or "connecting"
+                problems.append(f"{streamer.name}: not streaming the slot: {why}")
+        return problems
+
+    def target_counters(self) -> dict[str, TargetCounters]:
+        """Per target, over the table relay and the streams."""
+        totals = super().target_counters()
+        for streamer in self.streamers:
+            for name, counters in streamer.target_counters.items():
+                totals[name] = totals[name].merged(counters)
+        return totals
 
     def _waker(self, name: str) -> Callable[[], None]:
         def wake() -> None:
