@@ -29,6 +29,7 @@ from relaybox.core.log_records import decode_rows, log_slot
 from relaybox.publishers.memory import MemoryPublisher
 from relaybox.relay import log_stream
 from relaybox.relay.log_stream import LogRelay
+from relaybox.storage import pg_log
 from relaybox.storage.pg_log import (
     Committed,
     LogStream,
@@ -419,6 +420,32 @@ async def test_every_async_driver_emits(
         await case.close()
     rows = await _streamed(logical_pg, table)
     assert [(row[0], row[8]) for row in rows] == [(m.id, m.body) for m in batch]
+
+
+async def test_a_batch_longer_than_the_servers_patience_keeps_its_stream(
+    logical_pg: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow broker and one key's long chain: the batch takes longer than the
+    server's wal_sender_timeout, and the stream stays up meanwhile (it would
+    otherwise be dropped, and the batch published again, for good)."""
+    monkeypatch.setattr(pg_log, "STATUS_INTERVAL", 0.5)
+    monkeypatch.setattr(log_stream, "KEEP_ALIVE_CHECK", 0.1)
+    with psycopg.connect(logical_pg, autocommit=True) as connection:
+        connection.execute("ALTER SYSTEM SET wal_sender_timeout = '2s'")
+        connection.execute("SELECT pg_reload_conf()")
+    try:
+        publisher = MemoryPublisher()
+        publisher.slow(0.25)
+        async with log_relay(logical_pg, table, publisher) as relay:
+            write(logical_pg, table, [msg("k", n) for n in range(16)])  # 4 s, one by one
+            await eventually(lambda: len(numbers(publisher, "k")) >= 16, timeout=30)
+            await asyncio.sleep(2.5)  # a dropped stream would be back, publishing again
+            assert numbers(publisher, "k") == list(range(16))
+            assert relay.streamers[0].metrics.sessions == 1
+    finally:
+        with psycopg.connect(logical_pg, autocommit=True) as connection:
+            connection.execute("ALTER SYSTEM RESET wal_sender_timeout")
+            connection.execute("SELECT pg_reload_conf()")
 
 
 async def test_slot_needs_wal_level_logical(pg_url: str) -> None:

@@ -87,6 +87,8 @@ logger = logging.getLogger(__name__)
 STANDBY_INTERVAL = 1.0
 #: Seconds a read waits for the stream before the streamer looks at its other duties.
 READ_WAIT = 1.0
+#: Seconds between looks at whether a status update is due, whatever the stream does.
+KEEP_ALIVE_CHECK = 1.0
 #: Seconds between looks at every blocked key, so that keys no message asks about
 #: again are forgotten once the table holds none of their rows.
 PRUNE_INTERVAL = 10.0
@@ -239,7 +241,11 @@ class LogStreamer:
             self._blocked = await table.live_keys()
             self.streaming, self.standing_by, self.last_error = True, False, None
             logger.info("%s: streaming %s", self.name, self.table, extra={"action": "log_stream"})
-            await self._serve(stream, table)
+            beat = asyncio.create_task(_keep_alive(stream), name=f"relay-log-beat-{self.name}")
+            try:
+                await self._serve(stream, table)
+            finally:
+                beat.cancel()
         finally:
             await stream.close()
 
@@ -251,8 +257,6 @@ class LogStreamer:
                 await self._settle(events, table)
                 stream.confirm(_position(events))
                 self.confirmed = stream.confirmed
-            if stream.status_due():
-                stream.send_status()
             if self._blocked and time.monotonic() >= self._prune_at:
                 await self._prune(table)
 
@@ -363,6 +367,18 @@ class LogStreamer:
                     await asyncio.wait_for(self._stopping.wait(), delay)
                 if self._stopping.is_set():
                     raise
+
+
+async def _keep_alive(stream: LogStream) -> None:
+    """Send the confirmed position every `pg_log.STATUS_INTERVAL` seconds whatever the
+    streamer is doing: a batch may take longer than the server's wal_sender_timeout
+    (a slow broker, a key's long chain, the table down), and a server that heard
+    nothing for that long drops the stream, which would then bring the same batch
+    again, and again."""
+    while True:
+        await asyncio.sleep(KEEP_ALIVE_CHECK)
+        if stream.status_due():
+            stream.send_status()
 
 
 def _position(events: Sequence[Event]) -> int:

@@ -289,6 +289,7 @@ class LogStream:
         self._flush()
 
     def status_due(self) -> bool:
+        """Whether the last status update is `STATUS_INTERVAL` seconds old."""
         return time.monotonic() - self._status_at >= STATUS_INTERVAL
 
     def _flush(self) -> None:
