@@ -448,6 +448,35 @@ async def test_a_batch_longer_than_the_servers_patience_keeps_its_stream(
             connection.execute("SELECT pg_reload_conf()")
 
 
+def test_migrate_log_creates_the_slot_and_relay_mode_log_wants_postgresql(
+    logical_pg: str, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from relaybox.cli.main import main
+
+    name = unique_table("logm")
+    try:
+        first = CliRunner().invoke(main, ["migrate", "--db", logical_pg, "--table", name, "--log"])
+        again = CliRunner().invoke(main, ["migrate", "--db", logical_pg, "--table", name, "--log"])
+        assert first.exit_code == 0, first.output
+        assert f"replication slot {log_slot(name)}" in first.output
+        assert "created" in first.output
+        assert "already there" in again.output
+        with psycopg.connect(logical_pg) as connection:
+            row = connection.execute(
+                "SELECT count(*) FROM pg_publication WHERE pubname = %s", (log_slot(name),)
+            ).fetchone()
+        assert row == (1,)
+    finally:
+        asyncio.run(drop_slot(logical_pg, name))
+    sqlite = f"sqlite:///{tmp_path / 'x.db'}"
+    refused = CliRunner().invoke(main, ["relay", "--mode", "log", "--db", sqlite,
+                                        "--broker", "default=noop://"])  # fmt: skip
+    assert refused.exit_code != 0
+    assert "PostgreSQL" in refused.output
+
+
 async def test_slot_needs_wal_level_logical(pg_url: str) -> None:
     with pytest.raises(ConfigurationError, match="wal_level = logical"):
         await create_slot(pg_url, unique_table("logm"))
