@@ -25,7 +25,8 @@ import psycopg
 import pytest
 
 from relaybox import ConfigurationError, LogOutbox, Message, NoTransactionError
-from relaybox.core.log_records import decode_rows, log_slot
+from relaybox.core.log_records import decode_rows, log_slot, parse_lsn
+from relaybox.observability.snapshot import snapshot
 from relaybox.publishers.memory import MemoryPublisher
 from relaybox.relay import log_stream
 from relaybox.relay.log_stream import LogRelay
@@ -38,7 +39,6 @@ from relaybox.storage.pg_log import (
     confirmed_position,
     create_slot,
     drop_slot,
-    parse_lsn,
 )
 from tests.chaos.cluster import ThrowawayPostgres
 from tests.databases import create, unique_table
@@ -117,6 +117,9 @@ async def test_committed_is_published_and_rolled_back_never(logical_pg: str, tab
         assert len(publisher.published) == 4  # the rolled-back two never came
         assert relay.streamers[0].metrics.diverted == 0
         assert relay.target_counters()["default"].acked == 4
+        shown = (await snapshot(relay))["log_streams"]["log0"]
+        assert shown["streaming"]
+        assert (shown["published"], shown["to_table"], shown["transactions"]) == (4, 0, 3)
         stored = publisher.published[0]
         assert (stored.topic, stored.type, stored.attempts) == ("orders", "orders", 0)
 

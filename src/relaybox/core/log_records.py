@@ -52,6 +52,17 @@ def log_slot(table: str) -> str:
     return notify_channel(table)
 
 
+def format_lsn(lsn: int) -> str:
+    """A WAL position as PostgreSQL writes it, `16/B374D848`."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def parse_lsn(text: str) -> int:
+    """A WAL position as PostgreSQL writes it, as a number."""
+    high, _, low = text.partition("/")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
 def encode_rows(rows: Sequence[InsertRow]) -> bytes:
     """The content of one logical message carrying `rows`."""
     meta = []

@@ -44,7 +44,7 @@ from typing import Any
 
 from relaybox.core.extras import needs_extras
 from relaybox.core.identifiers import DEFAULT_TABLE
-from relaybox.core.log_records import log_prefix, log_slot
+from relaybox.core.log_records import log_prefix, log_slot, parse_lsn
 from relaybox.core.urls import without_secrets
 from relaybox.errors import (
     ConfigurationError,
@@ -102,16 +102,6 @@ class Progress:
 
 
 Event = Committed | Progress
-
-
-def format_lsn(lsn: int) -> str:
-    """An LSN as PostgreSQL writes it, `16/B374D848`."""
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-def parse_lsn(text: str) -> int:
-    high, _, low = text.partition("/")
-    return (int(high, 16) << 32) | int(low, 16)
 
 
 class LogStream:
