@@ -305,6 +305,25 @@ async def test_the_stream_comes_back_after_its_connection_is_killed(
         assert set(numbers(publisher, "k")) == {0, 1, 2}
 
 
+async def test_a_surprise_in_the_stream_does_not_end_it(
+    logical_pg: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original, calls = LogStream.read, [0]
+
+    async def surprising(stream: LogStream, wait: float, limit: int = 1000) -> list[Any]:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("a surprise")
+        return await original(stream, wait, limit)
+
+    monkeypatch.setattr(LogStream, "read", surprising)
+    publisher = MemoryPublisher()
+    async with log_relay(logical_pg, table, publisher) as relay:
+        write(logical_pg, table, [msg("k", 0)])
+        await eventually(lambda: numbers(publisher, "k") == [0])
+        assert relay.streamers[0].metrics.sessions == 2
+
+
 RELAYBOX = str(Path(sys.executable).with_name("relaybox"))
 
 

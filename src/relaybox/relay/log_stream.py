@@ -217,6 +217,12 @@ class LogStreamer:
                     level = logging.WARNING if isinstance(error, StorageError) else logging.ERROR
                     logger.log(level, "%s: log stream failed (%s); again in %.1f s",
                                self.name, error, delay, extra={"action": "log_stream"})  # fmt: skip
+            except Exception as error:  # the stream must outlive a surprise: logged, retried
+                self.last_error = f"{type(error).__name__}: {error}"
+                failures += 1
+                delay = RECONNECT.delay(failures)
+                logger.exception("%s: log stream failed; again in %.1f s", self.name, delay,
+                                 extra={"action": "log_stream"})  # fmt: skip
             finally:
                 self.streaming = False
             with contextlib.suppress(TimeoutError):
