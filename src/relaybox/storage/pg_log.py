@@ -48,6 +48,7 @@ from relaybox.core.log_records import log_prefix, log_slot, parse_lsn
 from relaybox.core.urls import without_secrets
 from relaybox.errors import (
     ConfigurationError,
+    RelayboxError,
     SchemaError,
     StorageError,
     StorageOperationalError,
@@ -136,16 +137,16 @@ class LogStream:
         does not exist, a `StorageOperationalError` if the server cannot be reached."""
         parsed = DatabaseUrl.parse(url) if isinstance(url, str) else url
         slot = log_slot(table)
+        connection = await _connect(parsed, replication=True)
+        stream = cls(connection, log_prefix(table), parsed)
         try:
-            connection = await _connect(parsed, replication=True)
-        except Exception as exc:  # noqa: BLE001 - raised again as relaybox's
-            raise _error(parsed, exc) from None
-        try:
-            stream = cls(connection, log_prefix(table), parsed)
             await stream._start(slot)
-        except BaseException:
+        except BaseException as exc:
+            stream._detach()
             with contextlib.suppress(Exception):
                 await connection.close()
+            if isinstance(exc, Exception) and not isinstance(exc, RelayboxError):
+                raise _error(parsed, exc) from None
             raise
         return stream
 
@@ -161,11 +162,17 @@ class LogStream:
         pg.send_query(query.encode())
         self._loop.add_reader(self._fd, self._readable.set)
         self._flush()
+        deadline = time.monotonic() + self._url.command_timeout + GRACE
         while True:
             pg.consume_input()
             if not pg.is_busy():
                 break
-            await self._wait_readable(self._url.connect_timeout + GRACE)
+            if time.monotonic() > deadline:
+                raise StorageOperationalError(
+                    f"PostgreSQL at {self._url.masked} did not answer START_REPLICATION "
+                    f"within {self._url.command_timeout:g} s"
+                )
+            await self._wait_readable(GRACE)
         result = pg.get_result()
         if result is not None and result.status == pq.ExecStatus.COPY_BOTH:
             return
@@ -308,11 +315,17 @@ class LogStream:
         if self.confirmed:
             self.send_status()
         self._closed = True
-        self._loop.remove_reader(self._fd)
-        if self._writing:
-            self._loop.remove_writer(self._fd)
+        self._detach()
         with contextlib.suppress(Exception):
             await self._connection.close()
+
+    def _detach(self) -> None:
+        """Stop watching the socket (before it closes: the loop would watch another
+        file that takes its number)."""
+        self._loop.remove_reader(self._fd)
+        if self._writing:
+            self._writing = False
+            self._loop.remove_writer(self._fd)
 
 
 def _cstring_end(data: memoryview, start: int) -> int:
@@ -332,9 +345,12 @@ async def _connect(url: DatabaseUrl, *, replication: bool) -> Any:
     if replication:
         options["replication"] = "database"
     dsn = psycopg.conninfo.make_conninfo(url.libpq_dsn(), **options)
-    return await psycopg.AsyncConnection.connect(
-        dsn, autocommit=True, connect_timeout=math.ceil(url.connect_timeout + GRACE)
-    )
+    try:
+        return await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, connect_timeout=math.ceil(url.connect_timeout + GRACE)
+        )
+    except Exception as exc:  # noqa: BLE001 - raised again as relaybox's
+        raise _error(url, exc) from None
 
 
 def _error(url: DatabaseUrl, exc: BaseException) -> StorageError:
@@ -352,10 +368,7 @@ async def create_slot(url: str, table: str = DEFAULT_TABLE) -> bool:
     too when it starts. Raises a `ConfigurationError` unless wal_level is logical."""
     parsed = DatabaseUrl.parse(url)
     slot = log_slot(table)
-    try:
-        connection = await _connect(parsed, replication=False)
-    except Exception as exc:  # noqa: BLE001 - raised again as relaybox's
-        raise _error(parsed, exc) from None
+    connection = await _connect(parsed, replication=False)
     try:
         level = await _one(connection, "SHOW wal_level")
         if level != "logical":
@@ -372,9 +385,7 @@ async def create_slot(url: str, table: str = DEFAULT_TABLE) -> bool:
         return await _tolerate_duplicate(
             connection, "SELECT pg_create_logical_replication_slot(%s, %s)", slot, PLUGIN
         )
-    except StorageError:
-        raise
-    except ConfigurationError:
+    except RelayboxError:
         raise
     except Exception as exc:  # noqa: BLE001 - raised again as relaybox's
         raise _error(parsed, exc) from None
