@@ -44,6 +44,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -387,9 +388,10 @@ def latency(url: str, args: argparse.Namespace) -> dict[str, Any]:
         p.wait(30)
     records = [r for i in range(args.writers)
                for r in json.loads((work / f"writer{i}.json").read_text())]  # fmt: skip
+    seen_by = {name: json.loads((work / f"{name}.json").read_text()) for name in procs}
+    shutil.rmtree(work, ignore_errors=True)
     result: dict[str, Any] = {}
-    for name in procs:
-        seen = json.loads((work / f"{name}.json").read_text())
+    for name, seen in seen_by.items():
         mine = [r for r in records if r[0] == name]
         from_commit = [seen[r[1]] - r[2] for r in mine if r[1] in seen]
         after_return = [seen[r[1]] - r[3] for r in mine if r[1] in seen]
