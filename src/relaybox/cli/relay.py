@@ -212,10 +212,12 @@ def relay(
         database_urls = urls.databases(databases, db_files)
         broker_urls = urls.brokers(brokers, broker_files)
         logs.hide([*database_urls, *broker_urls.values()])
-        kind = Relay
+        relay_class: type[Relay] = Relay
         if mode == "log":
-            from relaybox.relay.log_stream import LogRelay as kind
-        engine = kind(database_urls, broker_urls, table=table, settings=settings)
+            from relaybox.relay.log_stream import LogRelay
+
+            relay_class = LogRelay
+        engine = relay_class(database_urls, broker_urls, table=table, settings=settings)
         asyncio.run(serve(engine, max_seconds=max_seconds, http=address))
     except RelayboxError as exc:
         raise output.Failure(str(exc)) from exc
