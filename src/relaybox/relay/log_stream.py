@@ -51,9 +51,9 @@ import datetime
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from relaybox.core.circuit import CircuitBreaker
+from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.log_records import decode_rows
 from relaybox.core.publishing import Outcome, PublishResult
 from relaybox.core.records import InsertRow, StoredMessage
@@ -412,9 +412,12 @@ class LogRelay(Relay):
         self,
         databases: Sequence[Database] | Database,
         brokers: Mapping[str, Publisher | str],
-        **options: Any,
+        *,
+        table: str = DEFAULT_TABLE,
+        settings: RelaySettings | None = None,
+        worker: str | None = None,
     ) -> None:
-        super().__init__(databases, brokers, **options)
+        super().__init__(databases, brokers, table=table, settings=settings, worker=worker)
         for database in self._databases:
             if not isinstance(database, str) or DatabaseUrl.parse(database).dialect != (
                 "postgresql"
