@@ -331,12 +331,15 @@ def test_a_killed_relay_process_loses_nothing_and_keeps_key_order(
     logical_pg: str, table: str, tmp_path: Path
 ) -> None:
     """A `relaybox relay --mode log` process is killed (SIGKILL) while its slow broker
-    holds messages it has not confirmed; the next process delivers every committed
-    message (some twice), each key's in the order written."""
+    holds messages it has not confirmed, and while one key fails at the broker (its
+    messages wait in the table); the next process delivers every committed message
+    (some twice), each key's in the order written."""
     out = tmp_path / "out.jsonl"
+    broker = f"file://{out}?delay=0.01&fail_keys=key1&fail_until={time.time() + 4:.3f}"
     command = [RELAYBOX, "relay", "--mode", "log", "--db", logical_pg, "--table", table,
-               "--broker", f"default=file://{out}?delay=0.01", "--batch-size", "20",
-               "--idle-interval", "0.1", "--log-level", "WARNING"]  # fmt: skip
+               "--broker", f"default={broker}", "--batch-size", "20", "--idle-interval",
+               "0.1", "--retry-base", "0.2", "--retry-max", "0.5", "--log-level",
+               "WARNING"]  # fmt: skip
     keys = [f"key{i}" for i in range(4)]
     written: list[Message] = [msg(keys[n % 4], n // 4) for n in range(400)]
 
@@ -376,6 +379,7 @@ def test_a_killed_relay_process_loses_nothing_and_keeps_key_order(
             if line["data"]["key"] == key and line["data"]["n"] not in seen:
                 seen.append(line["data"]["n"])
         assert seen == sorted(seen), key  # first deliveries in the order written
+    assert {line["data"]["key"] for line in lines} == set(keys)
 
 
 def _wait(check: Any, timeout: float = 60.0) -> None:
