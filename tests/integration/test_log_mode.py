@@ -254,11 +254,10 @@ async def test_a_second_relay_stands_by_then_takes_over(logical_pg: str, table: 
         await relay_two.start()
         write(logical_pg, table, [msg("k", 0)])
         await eventually(lambda: numbers(first, "k") == [0])
-        await asyncio.sleep(0.3)
+        await eventually(lambda: relay_two.streamers[0].standing_by)
         assert not relay_two.streamers[0].streaming
         with pytest.raises(SlotBusyError):
             await LogStream.open(logical_pg, table)
-        assert relay_two.streamers[0].standing_by
         assert relay_two.readiness() == []  # standing by is its job
         assert relay_one.readiness() == []
         await relay_one.stop()
