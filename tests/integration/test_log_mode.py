@@ -88,13 +88,6 @@ def numbers(publisher: MemoryPublisher, key: str) -> list[int]:
     return [json.loads(m.payload)["n"] for m in publisher.published if m.key == key]
 
 
-def wal_position(url: str) -> int:
-    with psycopg.connect(url) as connection:
-        row = connection.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-    assert row is not None
-    return parse_lsn(row[0])
-
-
 @contextlib.asynccontextmanager
 async def log_relay(url: str, table: str, publisher: MemoryPublisher) -> AsyncIterator[LogRelay]:
     relay = LogRelay([url], {"default": publisher}, table=table, settings=fast_settings())
@@ -166,8 +159,12 @@ async def test_slot_stays_before_an_unconfirmed_message_which_comes_again(
 async def test_position_is_confirmed_once_published(logical_pg: str, table: str) -> None:
     publisher = MemoryPublisher()
     async with log_relay(logical_pg, table, publisher) as relay:
-        write(logical_pg, table, [msg("k", 0)])
-        written = wal_position(logical_pg)
+        with psycopg.connect(logical_pg) as connection:
+            LogOutbox(table=table).add(connection, msg("k", 0))
+            row = connection.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+            assert row is not None
+            written = parse_lsn(row[0])  # the commit comes after it
+            connection.commit()
         await eventually(lambda: numbers(publisher, "k") == [0])
         await eventually(lambda: relay.streamers[0].confirmed >= written)
         position = await confirmed_position(logical_pg, table)
@@ -221,7 +218,7 @@ async def test_keys_waiting_in_the_table_at_start_hold_their_stream(
     storage = await LogTable.connect(logical_pg, table=table)
     try:
         outbox = LogOutbox(table=table)
-        _, rows = outbox.rows(msg("k", 0, delay=0.6))
+        _, rows = outbox.rows(msg("k", 0, delay=2.0))
         await storage.write(rows)
     finally:
         await storage.close()
