@@ -29,8 +29,13 @@ logical, stopped at the end), or `--url` of one that runs wal_level = logical.
    commit's own time, and may be negative: the relay may have the message before the
    writer hears its commit.
 
+3. Drain: `--drain` messages committed while no relay runs (10 a transaction, 1,000
+   keys), then a log relay with a broker that confirms at once catches up, its start
+   included.
+
     .venv/bin/python benchmarks/log_mode.py [--seconds 20] [--clients 4]
-        [--rate 500] [--writers 4] [--latency-seconds 30] [--walbox-python PATH]
+        [--rate 500] [--writers 4] [--latency-seconds 30] [--drain 50000]
+        [--walbox-python PATH]
 
 Prints JSON. walbox needs Python 3.13: make its environment with
 `/root/.pyenv/versions/3.13.0/bin/python -m venv /tmp/walbox-venv &&
@@ -405,6 +410,45 @@ def latency(url: str, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+# -- 3. draining a backlog -------------------------------------------------------------------
+
+
+def drain(url: str, count: int) -> dict[str, Any]:
+    """`count` messages committed while no relay runs (10 a transaction, 1,000 keys),
+    then a log relay with a broker that confirms at once: how fast it catches up, its
+    start included."""
+    import psycopg
+
+    from relaybox import LogOutbox, Message
+    from relaybox.publishers.memory import NoopPublisher
+    from relaybox.relay.log_stream import LogRelay
+    from relaybox.relay.settings import RelaySettings
+    from relaybox.storage.pg_log import create_slot, drop_slot
+
+    asyncio.run(drop_slot(url, LOG_TABLE))
+    asyncio.run(create_slot(url, LOG_TABLE))
+    log = LogOutbox(table=LOG_TABLE)
+    with psycopg.connect(url) as conn:
+        for first in range(0, count, 10):
+            log.add(conn, [Message(topic="orders", key=f"order-{(first + n) % 1000}",
+                                   payload=PAYLOAD) for n in range(10)])  # fmt: skip
+            conn.commit()
+
+    async def run() -> float:
+        broker = NoopPublisher()
+        relay = LogRelay([url], {"default": broker}, table=LOG_TABLE, settings=RelaySettings())
+        started = time.perf_counter()
+        await relay.start()
+        while broker.count < count:
+            await asyncio.sleep(0.002)
+        elapsed = time.perf_counter() - started
+        await relay.stop()
+        return elapsed
+
+    elapsed = asyncio.run(run())
+    return {"messages": count, "seconds": round(elapsed, 3), "msg_per_s": round(count / elapsed)}
+
+
 def consumer_main(kind: str, url: str, work: str) -> None:
     out, ready = f"{work}/{kind}.json", f"{work}/{kind}.ready"
     if kind == "relaybox":
@@ -426,6 +470,7 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=30)
     parser.add_argument("--slice", type=float, default=2.0)
     parser.add_argument("--walbox-python", default=WALBOX_PYTHON)
+    parser.add_argument("--drain", type=int, default=50_000, help="backlog size (0: skip)")
     parser.add_argument("--skip", default="", help="throughput,latency")
     args = parser.parse_args()
     server = None if args.url else start_server()
@@ -439,6 +484,8 @@ def main() -> None:
             result["throughput"] = throughput(url, args.clients, args.seconds, padding)
         if "latency" not in args.skip:
             result["latency"] = latency(url, args)
+        if args.drain:
+            result["drain"] = drain(url, args.drain)
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from _common import machine
 
