@@ -428,6 +428,28 @@ async def test_every_sync_driver_emits(
     assert (row[0], row[8], row[9], row[12]) == (message.id, message.body, '{"h":"v"}', "t")
 
 
+OTHERS = sorted(name for name, (dialect, _) in SYNC_CASES.items()
+                if name not in PG_SYNC and dialect != "sqlite")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", OTHERS)
+def test_django_and_other_databases(name: str, tmp_path: Path) -> None:
+    """Django's connection (configured for the shared server, where the message is
+    written and rolled back: emitting needs no slot) takes the statement; a MySQL
+    connection is refused before any statement (SQLite: the test above)."""
+    dialect, open_case = SYNC_CASES[name]
+    case = open_case(tmp_path)
+    try:
+        if dialect == "postgresql":
+            LogOutbox().add(case.handle, msg("k", 0))
+        else:
+            with pytest.raises(ConfigurationError, match="PostgreSQL"):
+                LogOutbox().add(case.handle, msg("k", 0))
+    finally:
+        case.rollback()
+        case.close()
+
+
 @pytest.mark.parametrize("name", PG_ASYNC)
 async def test_every_async_driver_emits(
     name: str, logical_pg: str, table: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
