@@ -47,7 +47,7 @@ from relaybox.ports import (
     Storage,
     TableWriter,
 )
-from relaybox.writer import Outbox
+from relaybox.writer import LogOutbox, Outbox
 
 __version__ = "0.1.0"
 
@@ -91,6 +91,7 @@ __all__ = [
     "Incoming",
     "InvalidHeadersError",
     "InvalidTableNameError",
+    "LogOutbox",
     "Message",
     "MessageError",
     "MigrationError",

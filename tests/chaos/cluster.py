@@ -40,8 +40,10 @@ class ThrowawayPostgres:
     shutdown: no checkpoint, crash recovery on the next start), `start()` brings it back
     on the same port and data."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: dict[str, str] | None = None) -> None:
         self.port = free_port()
+        #: Server settings on top of the defaults (wal_level=logical for log mode...).
+        self.settings = dict(settings or {})
         self.dir = Path(tempfile.mkdtemp(prefix="relaybox-chaos-pg-"))
         self.data = self.dir / "data"
         self._process: subprocess.Popen[bytes] | None = None
@@ -69,7 +71,8 @@ class ThrowawayPostgres:
         self._process = subprocess.Popen(
             [str(PG_BIN / "postgres"), "-D", str(self.data), "-p", str(self.port),
              "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.dir}",
-             "-c", "max_connections=200", "-c", "shared_buffers=128MB"],
+             "-c", "max_connections=200", "-c", "shared_buffers=128MB",
+             *[a for name, value in self.settings.items() for a in ("-c", f"{name}={value}")]],
             user=self._user, stdout=log, stderr=log,
         )  # fmt: skip
         log.close()

@@ -57,12 +57,25 @@ _INBOX_HELP = "The inbox's tables (consumer side) instead of the outbox's."
 @database_option()
 @click.option("--table", default=None, help=_TABLE_HELP)
 @click.option("--inbox", is_flag=True, help=_INBOX_HELP)
-def migrate(db_url: str, table: str | None, inbox: bool) -> None:
+@click.option(
+    "--log",
+    is_flag=True,
+    help="Also create the table's replication slot for log mode (PostgreSQL, "
+    "wal_level=logical): before the first LogOutbox writes.",
+)
+def migrate(db_url: str, table: str | None, inbox: bool, log: bool) -> None:
     """Create or upgrade the outbox (or inbox) tables; safe to run again."""
     try:
         masked = DatabaseUrl.parse(db_url).masked
         kind: sql.Kind = "inbox" if inbox else "outbox"
         report = asyncio.run(run_migrations(db_url, table=table, kind=kind))
+        if log:
+            from relaybox.core.log_records import log_slot
+            from relaybox.storage.pg_log import create_slot
+
+            created = asyncio.run(create_slot(db_url, report.table))
+            state = "created" if created else "already there"
+            output.line(f"replication slot {log_slot(report.table)} on {masked}: {state}")
     except RelayboxError as exc:
         raise output.Failure(str(exc)) from exc
     if report.applied:

@@ -102,6 +102,14 @@ _CIRCUIT = _DEFAULTS.circuit
     help="Read target NAME's URL from the file PATH (keeps its secrets out of `ps`); repeatable.",
 )
 @click.option("--table", default=DEFAULT_TABLE, show_default=True)
+@click.option(
+    "--mode",
+    type=click.Choice(["table", "log"]),
+    default="table",
+    show_default=True,
+    help="log: stream what LogOutbox writers emitted from the table's replication slot "
+    "(PostgreSQL), with the table relay beside it for what could not be published.",
+)
 @click.option("--batch-size", default=_DEFAULTS.batch_size, show_default=True)
 @click.option("--max-in-flight", default=_DEFAULTS.max_in_flight, show_default=True)
 @click.option(
@@ -163,7 +171,7 @@ _CIRCUIT = _DEFAULTS.circuit
 @click.option("--log-level", default="INFO", show_default=True)
 def relay(
     databases: tuple[str, ...], db_files: tuple[str, ...], brokers: tuple[str, ...],
-    broker_files: tuple[str, ...], table: str, batch_size: int,
+    broker_files: tuple[str, ...], table: str, mode: str, batch_size: int,
     max_in_flight: int, lease_seconds: float, publish_timeout: float, partitions: int,
     no_partition_leases: bool, retry_base: float, retry_max: float, retry_jitter: float,
     max_attempts: int, circuit_threshold: int, circuit_open: float, circuit_max_open: float,
@@ -204,7 +212,12 @@ def relay(
         database_urls = urls.databases(databases, db_files)
         broker_urls = urls.brokers(brokers, broker_files)
         logs.hide([*database_urls, *broker_urls.values()])
-        engine = Relay(database_urls, broker_urls, table=table, settings=settings)
+        relay_class: type[Relay] = Relay
+        if mode == "log":
+            from relaybox.relay.log_stream import LogRelay
+
+            relay_class = LogRelay
+        engine = relay_class(database_urls, broker_urls, table=table, settings=settings)
         asyncio.run(serve(engine, max_seconds=max_seconds, http=address))
     except RelayboxError as exc:
         raise output.Failure(str(exc)) from exc

@@ -14,11 +14,13 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from relaybox.core.circuit import CircuitState
+from relaybox.core.log_records import format_lsn
 from relaybox.core.signals import StatsSample, TargetCounters
 from relaybox.core.urls import mask_url
 
 if TYPE_CHECKING:
     from relaybox.relay.engine import Relay, Unreachable
+    from relaybox.relay.log_stream import LogStreamer
     from relaybox.relay.processor import Processor
 
 
@@ -43,7 +45,7 @@ async def snapshot(relay: Relay, max_age: float = 2.0) -> dict[str, Any]:
         error = _error(unreachable)
         targets[name] = _target(counted, relay.circuits[name].state, error)
     problems = relay.readiness()
-    return {
+    result = {
         "worker": relay.worker,
         "table": relay.table,
         "uptime_seconds": None if relay.started_at is None else time.time() - relay.started_at,
@@ -56,6 +58,21 @@ async def snapshot(relay: Relay, max_age: float = 2.0) -> dict[str, Any]:
         "databases": databases,
         "targets": targets,
     }
+    streamers = getattr(relay, "streamers", None)  # a LogRelay's (log mode)
+    if streamers is not None:
+        result["log_streams"] = {s.name: _stream(s) for s in streamers}
+    return result
+
+
+def _stream(streamer: LogStreamer) -> dict[str, Any]:
+    metrics = streamer.metrics
+    return {
+        "streaming": streamer.streaming, "standing_by": streamer.standing_by,
+        "error": _shown(streamer.last_error), "confirmed_lsn": format_lsn(streamer.confirmed),
+        "transactions": metrics.transactions, "published": metrics.published,
+        "to_table": metrics.diverted, "undecodable": metrics.undecodable,
+        "sessions": metrics.sessions, "keys_held_for_the_table": len(streamer.blocked),
+    }  # fmt: skip
 
 
 def _shown(text: str | None) -> str | None:

@@ -1,0 +1,124 @@
+"""`LogOutbox`: write messages into PostgreSQL's write-ahead log instead of a table.
+
+Log mode trades the outbox table for a logical replication slot. Each add runs one
+`SELECT pg_logical_emit_message(true, prefix, content)` in the caller's transaction: a
+transactional message is decoded only if the transaction commits, so the relay
+(`relaybox relay --mode log`) sees exactly the committed messages, in commit order,
+and never an uncommitted one. Nothing is inserted, so the table and its indexes take no
+write, no vacuum and no read by the relay; the rows the relay could not publish are
+the only ones the table ever holds (`relaybox.relay.log_stream`).
+
+The messages are validated and routed exactly as `Outbox` does it (the same `Message`,
+targets, size limit and `InsertRow`s), and the content carries those rows
+(`relaybox.core.log_records`), so the relay can write any of them to the table as the
+writer would have.
+
+PostgreSQL only, and it needs `wal_level = logical` and the table's slot: messages
+emitted while no slot exists are decoded by nobody. Create the slot before the first
+writer runs, with `relaybox migrate --db URL --table NAME --log`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from relaybox.core.identifiers import DEFAULT_TABLE
+from relaybox.core.log_records import encode_rows, log_prefix
+from relaybox.core.message import Message, Target
+from relaybox.core.payload import DEFAULT_MAX_PAYLOAD_BYTES
+from relaybox.core.records import InsertRow
+from relaybox.errors import ConfigurationError
+from relaybox.sql.params import ParamStyle, styled
+from relaybox.writer.connections import Channel, async_channel, no_transaction, sync_channel
+from relaybox.writer.outbox import CommitListener, Outbox
+
+
+class LogOutbox:
+    """Writes messages as transactional logical decoding messages, through the caller's
+    PostgreSQL connection or session, in its transaction.
+
+    The same API as `Outbox` (`add`, `add_async`, `rows`, `subscribe`, `committed`),
+    and the same rules: it never commits, rolls back or closes anything; bad input
+    raises a `MessageError` before any statement; a connection with no transaction open
+    is refused unless `allow_autocommit=True`.
+    """
+
+    def __init__(
+        self,
+        *,
+        table: str = DEFAULT_TABLE,
+        targets: Iterable[str | Target] | None = None,
+        default_targets: Iterable[str] | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        # Validation and routing as table mode does them; this one never writes.
+        self._table_mode = Outbox(
+            table=table, targets=targets, default_targets=default_targets,
+            max_payload_bytes=max_payload_bytes,
+        )  # fmt: skip
+        self.table = self._table_mode.table
+        self.routing = self._table_mode.routing
+        self.max_payload_bytes = max_payload_bytes
+        #: The logical message prefix the table's relay reads.
+        self.prefix = log_prefix(self.table)
+
+    def rows(self, messages: Message | Iterable[Message]) -> tuple[list[Message], list[InsertRow]]:
+        """Validate `messages` and turn them into rows, as `Outbox.rows`; no I/O."""
+        return self._table_mode.rows(messages)
+
+    def add(
+        self,
+        connection: Any,
+        messages: Message | Iterable[Message],
+        *,
+        allow_autocommit: bool = False,
+    ) -> list[Message]:
+        """Emit `messages` through a sync connection or session, in its transaction."""
+        batch, rows = self._table_mode.rows(messages)
+        if batch:
+            channel = sync_channel(connection, "LogOutbox.add")
+            if not allow_autocommit and channel.alone():
+                raise no_transaction(connection, "LogOutbox.add")
+            channel.execute(self._emit(channel), (encode_rows(rows),))
+        return batch
+
+    async def add_async(
+        self,
+        connection: Any,
+        messages: Message | Iterable[Message],
+        *,
+        allow_autocommit: bool = False,
+    ) -> list[Message]:
+        """Emit `messages` through an async connection or session, in its transaction."""
+        batch, rows = self._table_mode.rows(messages)
+        if batch:
+            channel = await async_channel(connection, "LogOutbox.add_async")
+            if not allow_autocommit and channel.alone():
+                raise no_transaction(connection, "LogOutbox.add_async")
+            await channel.execute(self._emit(channel), (encode_rows(rows),))
+        return batch
+
+    def _emit(self, channel: Channel) -> str:
+        if channel.dialect != "postgresql":
+            raise ConfigurationError(
+                f"LogOutbox writes into PostgreSQL's write-ahead log; this connection is "
+                f"{channel.dialect}: use Outbox there"
+            )
+        return _emit_statement(self.prefix, channel.style)
+
+    def subscribe(self, listener: CommitListener) -> Callable[[], None]:
+        """Call `listener` with messages whose transaction committed (as `Outbox`)."""
+        return self._table_mode.subscribe(listener)
+
+    def committed(self, messages: Sequence[Message]) -> None:
+        """Announce that `messages` were committed (called after the caller's commit)."""
+        self._table_mode.committed(messages)
+
+
+@functools.lru_cache(maxsize=64)
+def _emit_statement(prefix: str, style: ParamStyle) -> str:
+    # The prefix is `relaybox:` and a validated table name: no quote can be in it.
+    query = f"SELECT pg_logical_emit_message(true, '{prefix}', $1::bytea)"
+    return styled(query, "postgresql", style)[0]

@@ -1,0 +1,39 @@
+"""The log mode's message content: the rows table mode would insert, and back."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from relaybox import Message, MessageError, Target
+from relaybox.core.log_records import decode_rows, encode_rows, log_prefix, log_slot
+from relaybox.core.records import Routing
+
+
+def test_rows_come_back_as_they_went() -> None:
+    routing = Routing.of(["default", Target("audit", external=True)], ["default"])
+    batch = [
+        Message(topic="orders", key="k1", payload={"a": "é\n"}, headers={"h": "v"},
+                correlation_id=uuid.uuid4(), tenant_id="t", delay=1.5),
+        Message(topic="orders", payload=b"\x00\xff\n1\n", targets=["default", "audit"]),
+        Message(topic="empty", payload=b""),
+    ]  # fmt: skip
+    rows = routing.rows(batch)
+    assert decode_rows(encode_rows(rows)) == rows
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"2\n[]\n", b"1\n[1]\n", b"1\nnot json\n", b"1\n[]\nleft over",
+     b'1\n[["00","t",false,"x",null,1,"x","",5,"{}",null,null,null,null,"2024",0]]\n'],
+)  # fmt: skip
+def test_foreign_content_is_refused(content: bytes) -> None:
+    with pytest.raises(MessageError):
+        decode_rows(content)
+
+
+def test_names_derive_from_the_table() -> None:
+    assert log_prefix("app.outbox") == "relaybox:app.outbox"
+    assert log_slot("app.outbox") == "relaybox_app__outbox"
+    assert len(log_slot("s" * 30 + "." + "t" * 41)) <= 63
