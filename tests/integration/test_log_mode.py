@@ -281,6 +281,20 @@ async def test_the_relay_creates_a_missing_slot(logical_pg: str, table: str) -> 
     assert row == ("pgoutput",)
 
 
+def test_a_writer_refuses_to_emit_where_no_slot_would_read_it(logical_pg: str, table: str) -> None:
+    asyncio.run(drop_slot(logical_pg, table))
+    with psycopg.connect(logical_pg) as connection:
+        connection.execute("CREATE TEMPORARY TABLE business (n integer)")
+        connection.execute("INSERT INTO business VALUES (1)")
+        with pytest.raises(ConfigurationError, match="no ready replication slot"):
+            LogOutbox(table=table).add(connection, msg("k", 0))
+        # Nothing was written, and the caller's transaction goes on.
+        assert connection.execute("SELECT count(*) FROM business").fetchone() == (1,)
+        connection.rollback()
+    assert asyncio.run(create_slot(logical_pg, table))
+    write(logical_pg, table, [msg("k", 1)])
+
+
 async def test_the_stream_comes_back_after_its_connection_is_killed(
     logical_pg: str, table: str
 ) -> None:
@@ -434,14 +448,16 @@ OTHERS = sorted(name for name, (dialect, _) in SYNC_CASES.items()
 
 @pytest.mark.parametrize("name", OTHERS)
 def test_django_and_other_databases(name: str, tmp_path: Path) -> None:
-    """Django's connection (configured for the shared server, where the message is
-    written and rolled back: emitting needs no slot) takes the statement; a MySQL
-    connection is refused before any statement (SQLite: the test above)."""
+    """Django's connection (configured for the shared server, which has no slot: the
+    server's answer, no ready slot, shows the statement went through it) takes the
+    statement; a MySQL connection is refused before any statement (SQLite: the test
+    above)."""
     dialect, open_case = SYNC_CASES[name]
     case = open_case(tmp_path)
     try:
         if dialect == "postgresql":
-            LogOutbox().add(case.handle, msg("k", 0))
+            with pytest.raises(ConfigurationError, match="no ready replication slot"):
+                LogOutbox().add(case.handle, msg("k", 0))
         else:
             with pytest.raises(ConfigurationError, match="PostgreSQL"):
                 LogOutbox().add(case.handle, msg("k", 0))

@@ -13,9 +13,13 @@ targets, size limit and `InsertRow`s), and the content carries those rows
 (`relaybox.core.log_records`), so the relay can write any of them to the table as the
 writer would have.
 
-PostgreSQL only, and it needs `wal_level = logical` and the table's slot: messages
-emitted while no slot exists are decoded by nobody. Create the slot before the first
-writer runs, with `relaybox migrate --db URL --table NAME --log`.
+PostgreSQL only, and it needs `wal_level = logical` and the table's slot: a message
+emitted while no slot exists would be decoded by nobody. So the emit runs only where the
+table's slot exists in this database and is ready (its creation has finished, so it will
+decode every transaction that emits after): `SELECT ... FROM pg_replication_slots WHERE
+...`, which gives no row otherwise, and the add then raises `ConfigurationError`, with
+nothing written and the caller's transaction still usable. Create the slot before the
+first writer runs, with `relaybox migrate --db URL --table NAME --log`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from relaybox.core.identifiers import DEFAULT_TABLE
-from relaybox.core.log_records import encode_rows, log_prefix
+from relaybox.core.log_records import encode_rows, log_prefix, log_slot
 from relaybox.core.message import Message, Target
 from relaybox.core.payload import DEFAULT_MAX_PAYLOAD_BYTES
 from relaybox.core.records import InsertRow
@@ -81,7 +85,7 @@ class LogOutbox:
             channel = sync_channel(connection, "LogOutbox.add")
             if not allow_autocommit and channel.alone():
                 raise no_transaction(connection, "LogOutbox.add")
-            channel.execute(self._emit(channel), (encode_rows(rows),))
+            self._emitted(channel.execute(self._emit(channel), (encode_rows(rows),)))
         return batch
 
     async def add_async(
@@ -97,7 +101,7 @@ class LogOutbox:
             channel = await async_channel(connection, "LogOutbox.add_async")
             if not allow_autocommit and channel.alone():
                 raise no_transaction(connection, "LogOutbox.add_async")
-            await channel.execute(self._emit(channel), (encode_rows(rows),))
+            self._emitted(await channel.execute(self._emit(channel), (encode_rows(rows),)))
         return batch
 
     def _emit(self, channel: Channel) -> str:
@@ -106,7 +110,18 @@ class LogOutbox:
                 f"LogOutbox writes into PostgreSQL's write-ahead log; this connection is "
                 f"{channel.dialect}: use Outbox there"
             )
-        return _emit_statement(self.prefix, channel.style)
+        return _emit_statement(self.prefix, log_slot(self.table), channel.style)
+
+    def _emitted(self, count: int) -> None:
+        """Refuse an emit that found no ready slot (-1: a psycopg pipeline, whose count
+        arrives later; there the slot is the operator's to have created)."""
+        if count == 0:
+            raise ConfigurationError(
+                f"table {self.table!r} has no ready replication slot "
+                f"({log_slot(self.table)!r}) in this database, so nobody would read these "
+                "messages; nothing was written. Create it with `relaybox migrate --db URL "
+                f"--table {self.table} --log` before writing with LogOutbox"
+            )
 
     def subscribe(self, listener: CommitListener) -> Callable[[], None]:
         """Call `listener` with messages whose transaction committed (as `Outbox`)."""
@@ -118,7 +133,13 @@ class LogOutbox:
 
 
 @functools.lru_cache(maxsize=64)
-def _emit_statement(prefix: str, style: ParamStyle) -> str:
-    # The prefix is `relaybox:` and a validated table name: no quote can be in it.
-    query = f"SELECT pg_logical_emit_message(true, '{prefix}', $1::bytea)"
+def _emit_statement(prefix: str, slot: str, style: ParamStyle) -> str:
+    # The prefix is `relaybox:` and a validated table name, the slot name letters,
+    # digits and underscores: no quote can be in either. A slot still being created
+    # has no confirmed position yet, and will not decode a transaction already running.
+    query = (
+        f"SELECT pg_logical_emit_message(true, '{prefix}', $1::bytea)"
+        f" FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        " AND database = current_database() AND confirmed_flush_lsn IS NOT NULL"
+    )
     return styled(query, "postgresql", style)[0]
