@@ -8,7 +8,9 @@ LOCKED`, drop those whose key is held back, lease the rest and read them back; a
 heartbeat renews, then reads, its partitions. The owned read of a relay that holds its
 partitions runs the claim's steps without locks and without the lease: it writes
 nothing. The session runs READ COMMITTED, so locking reads take no gap locks that
-would stall writers, and UTC.
+would stall writers, and UTC; on MariaDB it keeps a long list of seqs a list, which
+the primary key looks up, and plans without MariaDB's column statistics
+(`_server_settings`).
 
 The URL's `connect_timeout` is the driver's own (which bounds opening the socket; the
 storage bounds the whole handshake), its `command_timeout` the server's
@@ -109,7 +111,7 @@ class _Driver:
             _escape_bytes_as_hex(connection)
         driver = cls(connection)
         try:
-            for statement in (*_SESSION, _statement_bound(connection, url.command_timeout)):
+            for statement in (*_SESSION, *_server_settings(connection, url.command_timeout)):
                 await driver.execute(statement, ())
         except BaseException:
             await driver.discard()
@@ -143,11 +145,27 @@ class _Driver:
         self._connection.close()
 
 
-def _statement_bound(connection: Any, seconds: float) -> str:
-    """The session setting that makes the server stop a statement after `seconds`."""
+def _server_settings(connection: Any, seconds: float) -> tuple[str, ...]:
+    """The session settings of this server: the one that stops a statement after
+    `seconds`, and on MariaDB two that keep its plans to what relaybox's queries say.
+
+    MariaDB turns a list of 1000 values or more (`seq IN (...)`, a batch of 1000 seqs)
+    into a table of values joined to the statement's tables, and then planned a walk
+    of the whole outbox table, probing that table once per row, for every read and
+    settle of such a batch; as a list, the seqs are looked up in the primary key.
+    And its own column statistics (`ANALYZE TABLE ... PERSISTENT FOR ...`), once
+    collected, are read for every statement: taken while the outbox was empty, they
+    priced a walk of the whole table as nothing; taken on a backlog, they cost a read's
+    per-key check seconds of planning, its list of keys priced key by key against the
+    histograms (4 s for a read of 2000 rows, 150 ms for one of 500). relaybox's
+    statements name the indexes they walk and need no column statistics."""
     if "mariadb" in str(connection.get_server_info()).lower():
-        return f"SET SESSION max_statement_time = {seconds:.3f}"
-    return f"SET SESSION max_execution_time = {max(1, round(seconds * 1000))}"
+        return (
+            f"SET SESSION max_statement_time = {seconds:.3f}",
+            "SET SESSION in_predicate_conversion_threshold = 0",
+            "SET SESSION use_stat_tables = 'NEVER'",
+        )
+    return (f"SET SESSION max_execution_time = {max(1, round(seconds * 1000))}",)
 
 
 def _escape_bytes_as_hex(connection: Any) -> None:

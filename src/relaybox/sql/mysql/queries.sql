@@ -79,93 +79,105 @@ WHERE (target, live_key) IN ({pairs}) AND seq < %s AND seq NOT IN ({seqs})
 GROUP BY target, live_key;
 
 -- name: claim_lease
--- Step 3. Parameters: worker, token, lease seconds, seqs.
-UPDATE {table}
+-- Step 3, by seq, and said so (as the settle below). Parameters: worker, token, lease
+-- seconds, seqs.
+UPDATE {table} FORCE INDEX (PRIMARY)
 SET status = 'processing', locked_by = %s, lock_token = %s,
     locked_until = UTC_TIMESTAMP(6) + INTERVAL ROUND(%s * 1000000) MICROSECOND
 WHERE seq IN ({seqs});
 
 -- name: claim_rows
--- Step 4: the leased rows in relaybox.storage.rows.CLAIM_COLUMNS order.
+-- Step 4: the leased rows in relaybox.storage.rows.CLAIM_COLUMNS order, by seq.
 SELECT seq, id, target, external, topic, `key`, `partition`, type, content_type, payload,
     headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
     attempts
-FROM {table}
+FROM {table} FORCE INDEX (PRIMARY)
 WHERE seq IN ({seqs})
 ORDER BY seq;
 
 -- The owned settle of a relay that holds its partitions: each statement changes only
 -- live rows in partitions the worker holds (stored hash modulo the partition count); a
 -- settle that needs several runs them in one transaction.
+--
+-- The settle and the marks find their rows by seq, and say so (FORCE INDEX (PRIMARY)),
+-- so that their plan holds whatever the optimizer believes of the table's size: once
+-- the table was analyzed while empty (a fresh deploy, a drained outbox), MariaDB priced
+-- a walk of the whole table below a lookup of each seq, and walked a backlog of 100k
+-- rows for every batch it settled. A single-table DELETE takes no index hint, so the
+-- deletes are written as multi-table ones. Failures arrive as a JSON array: its rows
+-- come first (STRAIGHT_JOIN), each finding its outbox row by seq, where the optimizer
+-- was free to walk the outbox table and scan the array once per row.
+-- The fence reads the owner of the row's partition by its primary key, one lookup per
+-- row: a scalar subquery, which neither MariaDB nor MySQL turns into a join. As an IN
+-- (or IN ... IS TRUE, which MySQL also flattens) it became a semi-join, planned with the
+-- partitions outside whenever that table was last analyzed while nobody held any:
+-- every held partition then repeated the lookup of every row of the batch.
 
 -- name: fail_owned
 -- $1 failures JSON [[seq, error, retry_in seconds], ...], $2 worker, $3 partition count.
-UPDATE {table} o
-JOIN JSON_TABLE($1, '$[*]' COLUMNS (
+UPDATE JSON_TABLE($1, '$[*]' COLUMNS (
         seq BIGINT PATH '$[0]',
         error LONGTEXT PATH '$[1]',
         retry_in DOUBLE PATH '$[2]')) f
-    ON o.seq = f.seq
+STRAIGHT_JOIN {table} o FORCE INDEX (PRIMARY) ON o.seq = f.seq
 SET o.status = 'failed', o.attempts = o.attempts + 1, o.last_error = f.error,
     o.available_at = UTC_TIMESTAMP(6) + INTERVAL ROUND(f.retry_in * 1000000) MICROSECOND,
     o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
 WHERE o.status IN ('pending', 'processing', 'failed')
-  AND (o.target, MOD(o.`partition`, $3)) IN (
-      SELECT target, `partition` FROM {table}_partitions WHERE owner = $2);
+  AND (SELECT p.owner FROM {table}_partitions p FORCE INDEX (PRIMARY)
+       WHERE p.target = o.target AND p.`partition` = MOD(o.`partition`, $3)) = $2;
 
 -- name: abandon_owned
 -- $1 failures JSON [[seq, error], ...], $2 worker, $3 partition count.
-UPDATE {table} o
-JOIN JSON_TABLE($1, '$[*]' COLUMNS (
+UPDATE JSON_TABLE($1, '$[*]' COLUMNS (
         seq BIGINT PATH '$[0]',
         error LONGTEXT PATH '$[1]')) f
-    ON o.seq = f.seq
+STRAIGHT_JOIN {table} o FORCE INDEX (PRIMARY) ON o.seq = f.seq
 SET o.status = 'abandoned', o.attempts = o.attempts + 1, o.last_error = f.error,
     o.abandoned_at = UTC_TIMESTAMP(6),
     o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
 WHERE o.status IN ('pending', 'processing', 'failed')
-  AND (o.target, MOD(o.`partition`, $3)) IN (
-      SELECT target, `partition` FROM {table}_partitions WHERE owner = $2);
+  AND (SELECT p.owner FROM {table}_partitions p FORCE INDEX (PRIMARY)
+       WHERE p.target = o.target AND p.`partition` = MOD(o.`partition`, $3)) = $2;
 
 -- name: delete_owned
 -- $1 seqs, $2 worker, $3 partition count.
-DELETE FROM {table}
-WHERE seq IN ($1) AND status IN ('pending', 'processing', 'failed')
-  AND (target, MOD(`partition`, $3)) IN (
-      SELECT target, `partition` FROM {table}_partitions WHERE owner = $2);
+DELETE o FROM {table} o FORCE INDEX (PRIMARY)
+WHERE o.seq IN ($1) AND o.status IN ('pending', 'processing', 'failed')
+  AND (SELECT p.owner FROM {table}_partitions p FORCE INDEX (PRIMARY)
+       WHERE p.target = o.target AND p.`partition` = MOD(o.`partition`, $3)) = $2;
 
 -- name: publish_owned
 -- $1 seqs, $2 worker, $3 partition count.
-UPDATE {table}
-SET status = 'published', published_at = UTC_TIMESTAMP(6),
-    locked_by = NULL, locked_until = NULL, lock_token = NULL
-WHERE seq IN ($1) AND status IN ('pending', 'processing', 'failed')
-  AND (target, MOD(`partition`, $3)) IN (
-      SELECT target, `partition` FROM {table}_partitions WHERE owner = $2);
+UPDATE {table} o FORCE INDEX (PRIMARY)
+SET o.status = 'published', o.published_at = UTC_TIMESTAMP(6),
+    o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
+WHERE o.seq IN ($1) AND o.status IN ('pending', 'processing', 'failed')
+  AND (SELECT p.owner FROM {table}_partitions p FORCE INDEX (PRIMARY)
+       WHERE p.target = o.target AND p.`partition` = MOD(o.`partition`, $3)) = $2;
 
 -- The row-lease marks: each changes only rows still in processing under the claim's
 -- token.
 
 -- name: mark_published
 -- $1 seqs, $2 token.
-UPDATE {table}
+UPDATE {table} FORCE INDEX (PRIMARY)
 SET status = 'published', published_at = UTC_TIMESTAMP(6),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
 WHERE seq IN ($1) AND lock_token = $2 AND status = 'processing';
 
 -- name: delete_published
 -- $1 seqs, $2 token.
-DELETE FROM {table}
-WHERE seq IN ($1) AND lock_token = $2 AND status = 'processing';
+DELETE o FROM {table} o FORCE INDEX (PRIMARY)
+WHERE o.seq IN ($1) AND o.lock_token = $2 AND o.status = 'processing';
 
 -- name: mark_failed
 -- $1 failures JSON [[seq, error, retry_in seconds], ...], $2 token.
-UPDATE {table} o
-JOIN JSON_TABLE($1, '$[*]' COLUMNS (
+UPDATE JSON_TABLE($1, '$[*]' COLUMNS (
         seq BIGINT PATH '$[0]',
         error LONGTEXT PATH '$[1]',
         retry_in DOUBLE PATH '$[2]')) f
-    ON o.seq = f.seq
+STRAIGHT_JOIN {table} o FORCE INDEX (PRIMARY) ON o.seq = f.seq
 SET o.status = 'failed', o.attempts = o.attempts + 1, o.last_error = f.error,
     o.available_at = UTC_TIMESTAMP(6) + INTERVAL ROUND(f.retry_in * 1000000) MICROSECOND,
     o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
@@ -173,11 +185,10 @@ WHERE o.lock_token = $2 AND o.status = 'processing';
 
 -- name: abandon
 -- $1 failures JSON [[seq, error], ...], $2 token.
-UPDATE {table} o
-JOIN JSON_TABLE($1, '$[*]' COLUMNS (
+UPDATE JSON_TABLE($1, '$[*]' COLUMNS (
         seq BIGINT PATH '$[0]',
         error LONGTEXT PATH '$[1]')) f
-    ON o.seq = f.seq
+STRAIGHT_JOIN {table} o FORCE INDEX (PRIMARY) ON o.seq = f.seq
 SET o.status = 'abandoned', o.attempts = o.attempts + 1, o.last_error = f.error,
     o.abandoned_at = UTC_TIMESTAMP(6),
     o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
@@ -185,13 +196,13 @@ WHERE o.lock_token = $2 AND o.status = 'processing';
 
 -- name: release
 -- $1 seqs, $2 token.
-UPDATE {table}
+UPDATE {table} FORCE INDEX (PRIMARY)
 SET status = 'pending', locked_by = NULL, locked_until = NULL, lock_token = NULL
 WHERE seq IN ($1) AND lock_token = $2 AND status = 'processing';
 
 -- name: renew
 -- $1 seqs, $2 token, $3 lease seconds.
-UPDATE {table}
+UPDATE {table} FORCE INDEX (PRIMARY)
 SET locked_until = UTC_TIMESTAMP(6) + INTERVAL ROUND($3 * 1000000) MICROSECOND
 WHERE seq IN ($1) AND lock_token = $2 AND status = 'processing';
 

@@ -41,8 +41,10 @@ VALUES;
 -- other keys. Last, the byte budget: the claimable rows go in seq order while their
 -- payloads together stay within ?8 (length() of a blob reads no blob); the running sum
 -- (a window function, dearer than the plain sum) only when their total is over it.
+-- The rows are walked in the live index, named (INDEXED BY): see `read`.
 WITH candidates AS MATERIALIZED (
-    SELECT seq, target, "key", length(payload) AS size FROM {table} o
+    SELECT seq, target, "key", length(payload) AS size
+    FROM {table} o INDEXED BY {prefix}_live_ix
     WHERE status IN ('pending', 'processing', 'failed')
       AND CASE WHEN status = 'processing'
                THEN locked_until <= strftime('%Y-%m-%d %H:%M:%f', 'now')
@@ -50,7 +52,7 @@ WITH candidates AS MATERIALIZED (
       AND (?1 IS NULL OR "partition" % ?2 IN (SELECT value FROM json_each(?1)))
       AND (?3 IS NULL OR target IN (SELECT value FROM json_each(?3)))
       AND ("key" IS NULL OR NOT EXISTS (
-          SELECT 1 FROM {table} h
+          SELECT 1 FROM {table} h INDEXED BY {prefix}_key_ix
           WHERE h.target = o.target AND h."key" = o."key" AND h.seq < o.seq
             AND h."key" IS NOT NULL AND h.status IN ('pending', 'processing', 'failed')
             AND CASE WHEN h.status = 'processing'
@@ -61,7 +63,7 @@ WITH candidates AS MATERIALIZED (
 ), claimable AS (
     SELECT c.seq, c.size FROM candidates c
     WHERE c."key" IS NULL OR NOT EXISTS (
-        SELECT 1 FROM {table} e
+        SELECT 1 FROM {table} e INDEXED BY {prefix}_key_ix
         WHERE e.target = c.target AND e."key" = c."key" AND e.seq < c.seq
           AND e.status IN ('pending', 'processing', 'failed')
           AND e.seq NOT IN (SELECT x.seq FROM candidates x))
@@ -95,6 +97,10 @@ RETURNING seq, id, target, external, topic, "key", "partition", type, content_ty
 -- each row this SELECT returns is a step of its own. Read per row, a head whose delay
 -- ends between two steps would not be due when its own row was scanned, yet no longer
 -- hold its key back when a later row of the key was: that row would come out first.
+-- The rows are walked in the live index, named (INDEXED BY), and each key's earlier rows
+-- in the key index: with the index left to the planner, SQLite walked the table itself
+-- in seq order once it was analyzed, reading every finished row kept under a retention
+-- (they stay in this table) before the first live one.
 WITH busy(target, "key") AS MATERIALIZED (
     SELECT target, "key" FROM {table}
     WHERE seq IN (SELECT value FROM json_each(?1)) AND "key" IS NOT NULL
@@ -102,7 +108,7 @@ WITH busy(target, "key") AS MATERIALIZED (
     SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')
 ), picked AS MATERIALIZED (
     SELECT seq, length(payload) AS size
-    FROM {table} o, clock
+    FROM {table} o INDEXED BY {prefix}_live_ix, clock
     WHERE status IN ('pending', 'processing', 'failed')
       AND CASE WHEN status = 'processing'
                THEN locked_until <= clock.now
@@ -113,7 +119,7 @@ WITH busy(target, "key") AS MATERIALIZED (
           SELECT 1 FROM busy b WHERE b.target = o.target AND b."key" = o."key"))
       AND seq NOT IN (SELECT value FROM json_each(?1))
       AND ("key" IS NULL OR NOT EXISTS (
-          SELECT 1 FROM {table} h
+          SELECT 1 FROM {table} h INDEXED BY {prefix}_key_ix
           WHERE h.target = o.target AND h."key" = o."key" AND h.seq < o.seq
             AND h."key" IS NOT NULL AND h.status IN ('pending', 'processing', 'failed')
             AND CASE WHEN h.status = 'processing'
@@ -139,29 +145,40 @@ ORDER BY seq;
 -- The owned settle: each statement changes only live rows in partitions the worker
 -- holds (stored hash modulo the partition count); a settle that needs several runs them
 -- in one transaction.
+-- Every settle and mark finds its rows by `seq IN` the list it was given, the outbox
+-- table its only table: failures too, their error and retry looked up, per row, in one
+-- JSON object keyed by seq (a subquery that depends on no row: built once). As a join of
+-- the table to the list of failures, SQLite, once the table was analyzed while it held
+-- a handful of rows (a drained outbox), walked the whole live index, and the list once
+-- per row. (A statement that starts with WITH would not report the rows it changed.)
 
 -- name: fail_owned
 -- ?1 failures JSON [[seq, error, retry_in], ...], ?2 worker, ?3 partition count.
 UPDATE {table} AS o
-SET status = 'failed', attempts = o.attempts + 1, last_error = f.error,
-    available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', f.retry_in)),
+SET status = 'failed', attempts = o.attempts + 1,
+    last_error = json_extract(
+        (SELECT json_group_object(json_extract(value, '$[0]'), value) FROM json_each(?1)),
+        '$."' || o.seq || '"[1]'),
+    available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', json_extract(
+        (SELECT json_group_object(json_extract(value, '$[0]'), value) FROM json_each(?1)),
+        '$."' || o.seq || '"[2]'))),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
-FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS error,
-             json_extract(value, '$[2]') AS retry_in
-      FROM json_each(?1)) AS f
-WHERE o.seq = f.seq AND o.status IN ('pending', 'processing', 'failed')
+WHERE o.seq IN (SELECT json_extract(value, '$[0]') FROM json_each(?1))
+  AND o.status IN ('pending', 'processing', 'failed')
   AND (o.target, o."partition" % ?3) IN (
       SELECT target, "partition" FROM {table}_partitions WHERE owner = ?2);
 
 -- name: abandon_owned
 -- ?1 failures JSON [[seq, error], ...], ?2 worker, ?3 partition count.
 UPDATE {table} AS o
-SET status = 'abandoned', attempts = o.attempts + 1, last_error = f.error,
+SET status = 'abandoned', attempts = o.attempts + 1,
+    last_error = json_extract(
+        (SELECT json_group_object(json_extract(value, '$[0]'), value) FROM json_each(?1)),
+        '$."' || o.seq || '"[1]'),
     abandoned_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
-FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS error
-      FROM json_each(?1)) AS f
-WHERE o.seq = f.seq AND o.status IN ('pending', 'processing', 'failed')
+WHERE o.seq IN (SELECT json_extract(value, '$[0]') FROM json_each(?1))
+  AND o.status IN ('pending', 'processing', 'failed')
   AND (o.target, o."partition" % ?3) IN (
       SELECT target, "partition" FROM {table}_partitions WHERE owner = ?2);
 
@@ -199,23 +216,28 @@ WHERE seq IN (SELECT value FROM json_each(?1)) AND lock_token = ?2 AND status = 
 -- name: mark_failed
 -- ?1 failures JSON [[seq, error, retry_in], ...], ?2 token.
 UPDATE {table} AS o
-SET status = 'failed', attempts = o.attempts + 1, last_error = f.error,
-    available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', f.retry_in)),
+SET status = 'failed', attempts = o.attempts + 1,
+    last_error = json_extract(
+        (SELECT json_group_object(json_extract(value, '$[0]'), value) FROM json_each(?1)),
+        '$."' || o.seq || '"[1]'),
+    available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', json_extract(
+        (SELECT json_group_object(json_extract(value, '$[0]'), value) FROM json_each(?1)),
+        '$."' || o.seq || '"[2]'))),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
-FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS error,
-             json_extract(value, '$[2]') AS retry_in
-      FROM json_each(?1)) AS f
-WHERE o.seq = f.seq AND o.lock_token = ?2 AND o.status = 'processing';
+WHERE o.seq IN (SELECT json_extract(value, '$[0]') FROM json_each(?1))
+  AND o.lock_token = ?2 AND o.status = 'processing';
 
 -- name: abandon
 -- ?1 failures JSON [[seq, error], ...], ?2 token.
 UPDATE {table} AS o
-SET status = 'abandoned', attempts = o.attempts + 1, last_error = f.error,
+SET status = 'abandoned', attempts = o.attempts + 1,
+    last_error = json_extract(
+        (SELECT json_group_object(json_extract(value, '$[0]'), value) FROM json_each(?1)),
+        '$."' || o.seq || '"[1]'),
     abandoned_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
-FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS error
-      FROM json_each(?1)) AS f
-WHERE o.seq = f.seq AND o.lock_token = ?2 AND o.status = 'processing';
+WHERE o.seq IN (SELECT json_extract(value, '$[0]') FROM json_each(?1))
+  AND o.lock_token = ?2 AND o.status = 'processing';
 
 -- name: release
 -- ?1 seqs JSON, ?2 token.
