@@ -477,9 +477,13 @@ async def _paced(
         "target_rate": options.rate, "achieved_rate": bench._rate(count, written["seconds"]),
         "max_send_lag_ms": round(written["max_lag"] * 1000, 3),
         "commit_to_confirm": bench.percentiles(latencies), "cpu": cpu.usage(),
+        "below_zero": sum(latency < 0 for latency in latencies),
         "note": "writer: a process of its own, Outbox(notify=True) (the relay is woken by "
                 "NOTIFY, at most one per 50 ms); latency: from a commit returning in the "
-                "writer to the bench reading the entry off the Redis stream",
+                "writer to the bench reading the entry off the Redis stream. A commit is "
+                "visible once the server has made it, before its reply reaches the writer: "
+                "a writer process kept off the CPU in between reads its clock late, and "
+                "such a message counts below zero (below_zero)",
     }  # fmt: skip
 
 
