@@ -16,7 +16,8 @@ on failure:
 How a relay drain is timed. The backlog is written first, then the processes are
 started; a process is "running" when it prints `relay <worker> running`. Started on a
 backlog, the first process would hold all 64 partitions and the others nothing until
-the first process's next heartbeat (every lease/6 = 5 s) hands them over: a drain of a
+its next heartbeats hand them over (half a second apart while the partitions are being
+shared out; a partition with rows in flight goes once they are settled): a drain of a
 few seconds would then measure the hand-over, not N relays. So while the processes
 start, this script holds a gate that every claim waits on (an ACCESS EXCLUSIVE lock
 on the outbox table, in an open transaction: a relay's read, which takes no lock of its

@@ -712,6 +712,20 @@ async def test_partitions_in_flight_drain_before_a_joining_relay_takes_them(
         assert order == list(range(10)), key
 
 
+async def test_relays_started_together_share_the_partitions_before_a_regular_heartbeat(
+    db: OutboxDB,
+) -> None:
+    """The first relay of a fleet takes every partition and learns that the others
+    joined only at a heartbeat of its own: while the partitions are being shared out,
+    those come every SHARING_HEARTBEAT_SECONDS, not every lease / 6 (10 s here)."""
+    settings = fast_settings(lease_seconds=60.0)
+    async with relay_of(db, MemoryPublisher(), settings) as first:
+        await eventually(lambda: len(held_by(first)) == 8)
+        async with relay_of(db, MemoryPublisher(), settings) as second:
+            await eventually(lambda: (len(held_by(first)), len(held_by(second))) == (4, 4),
+                             timeout=settings.heartbeat_interval / 2)  # fmt: skip
+
+
 class _HeldReads(_Passthrough):
     """A relay's storage whose reads return only once `gate` opens (`began`: one did)."""
 

@@ -3,8 +3,10 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
+import uuid
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from relaybox.cli.main import main
@@ -34,3 +36,86 @@ def test_bench_drains_and_times_a_small_sqlite_outbox(tmp_path: Path) -> None:
     with contextlib.closing(sqlite3.connect(db)) as connection:
         tables = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
         assert [name for (name,) in tables if "bench_cli" in name] == []  # all dropped
+
+
+PG_BENCH_URL = "postgresql://postgres@127.0.0.1:5432/test"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def _pg_tables(stem: str) -> list[str]:
+    import psycopg
+
+    with psycopg.connect(PG_BENCH_URL.replace("postgresql", "postgres"), autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE tablename LIKE %s", [stem + "%"]
+        )
+        return [name for (name,) in found]
+
+
+def test_bench_runs_relay_processes_cold_and_warm_watching_their_stream() -> None:
+    table = f"bench_cross_{uuid.uuid4().hex[:8]}"
+    args = ["bench", "--db", PG_BENCH_URL, "--broker", REDIS_URL, "--messages", "300",
+            "--paced-seconds", "1", "--idle-seconds", "0", "--rate", "50", "--table", table,
+            "--cross-process", "--cold", "--relays", "2", "--skip-raw"]  # fmt: skip
+
+    result = CliRunner().invoke(main, args)
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    fresh, truncated = report["cold"]["fresh_table"], report["cold"]["truncated_table"]
+    for cold in (fresh, truncated):
+        assert cold["fill"]["vacuum_analyze"] is False
+        assert cold["drain"]["messages"] == 300
+        assert cold["drain"]["relays"] == 2
+        assert cold["drain"]["relay_exit_codes"] == [0, 0]  # stopped by PID, gracefully
+    assert fresh["drain"]["table_at_start"]["analyzed"] is False
+    warm = report["drain"]
+    assert warm["table_at_start"]["analyzed"] is True
+    assert warm["msg_per_s"] > 0
+    assert warm["all_settled_seconds"] >= warm["seconds"] >= warm["first_confirm_seconds"]
+    assert report["drains"]["warm_msg_per_s"] == warm["msg_per_s"]
+    assert report["drains"]["cold_fresh_table_msg_per_s"] == fresh["drain"]["msg_per_s"]
+    assert report["fill"]["writer"] == "a process of its own"
+    paced = report["paced"]
+    assert paced["messages"] == 50
+    assert 0 < paced["commit_to_confirm"]["p50_ms"] <= paced["commit_to_confirm"]["max_ms"]
+    assert _pg_tables(table) == []
+
+
+def test_cold_bench_drains_a_never_analyzed_table_in_process() -> None:
+    table = f"bench_cold_{uuid.uuid4().hex[:8]}"
+    args = ["bench", "--db", PG_BENCH_URL, "--messages", "200", "--paced-seconds", "0.5",
+            "--idle-seconds", "0", "--rate", "20", "--table", table, "--cold",
+            "--skip-raw"]  # fmt: skip
+
+    result = CliRunner().invoke(main, args)
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["cold"]["fresh_table"]["drain"]["table_at_start"]["analyzed"] is False
+    assert report["cold"]["truncated_table"]["drain"]["messages"] == 200
+    assert report["drain"]["table_at_start"]["analyzed"] is True
+    assert _pg_tables(table) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--cross-process"], "--broker redis://"),
+        (["--relays", "2"], "--cross-process"),
+        (["--cold"], "postgresql://"),
+    ],
+)
+def test_bench_refuses_what_it_cannot_measure(tmp_path: Path, extra: list[str], says: str) -> None:
+    args = ["bench", "--db", f"sqlite:///{tmp_path / 'bench.db'}", "--messages", "10", *extra]
+
+    result = CliRunner().invoke(main, args)
+
+    assert result.exit_code != 0
+    assert says in result.output
+    assert not (tmp_path / "bench.db").exists() or not _sqlite_tables(tmp_path / "bench.db")
+
+
+def _sqlite_tables(path: Path) -> list[str]:
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        return [name for (name,) in connection.execute("SELECT name FROM sqlite_master")]

@@ -29,6 +29,13 @@ from relaybox.relay.processor import Processor
 
 logger = logging.getLogger(__name__)
 
+#: While the partitions are being shared out, heartbeats come this often (at most every
+#: heartbeat interval): in a relay's first heartbeat interval, and after a heartbeat that
+#: changed what it holds or how many relays there are. A holder learns that others
+#: joined only at its own heartbeat, so relays started together would otherwise leave
+#: every partition with the first of them until its next regular one (lease / 6).
+SHARING_HEARTBEAT_SECONDS = 0.5
+
 
 class PartitionLeaseProcessor(Processor[PartitionStorage]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -46,6 +53,10 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         self._renewed_at: dict[str, float] = {}
         #: The targets some live relay of the table serves, as the last heartbeat saw.
         self.served: frozenset[str] = frozenset()
+        #: Per target, how many live relays serve it, as the last heartbeat saw.
+        self._members: dict[str, int] = {}
+        #: Whether the last round of heartbeats changed who holds what (see `_pause`).
+        self._sharing = True
         self.partitions = {}  # none held until the first heartbeat
         self._guards: set[asyncio.Timeout] = set()
         #: Set while no heartbeat runs (see `_claim`).
@@ -192,10 +203,10 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
     # -- partitions ------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
-        settings = self._settings
         begun = time.monotonic()
         while not self._stopping.is_set():
             self._between_heartbeats.clear()
+            self._sharing = False
             try:
                 for target in self._targets:
                     # A target whose broker the relay has not reached yet is left to the
@@ -204,7 +215,15 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
                         await self._heartbeat(target, begun)
             finally:
                 self._between_heartbeats.set()
-            await self._sleep(settings.heartbeat_interval)
+            await self._sleep(self._pause(begun))
+
+    def _pause(self, begun: float) -> float:
+        """Until the next heartbeat: short while the partitions are being shared out
+        (see SHARING_HEARTBEAT_SECONDS), else the heartbeat interval."""
+        interval = self._settings.heartbeat_interval
+        if self._sharing or time.monotonic() - begun < interval:
+            return min(interval, SHARING_HEARTBEAT_SECONDS)
+        return interval
 
     async def _heartbeat(self, target: str, begun: float) -> None:
         """Renew and rebalance `target`'s partitions (`begun`: when the loop started)."""
@@ -228,7 +247,15 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
             self.metrics.heartbeats += 1
             self._renewed_at[target] = started
             self.served = assignment.served
-            self._assign(target, assignment.partitions - assignment.draining)
+            held = assignment.partitions - assignment.draining
+            if (
+                assignment.draining
+                or self._members.get(target) != assignment.members
+                or (self.partitions or {}).get(target) != held
+            ):
+                self._sharing = True
+            self._members[target] = assignment.members
+            self._assign(target, held)
         self._hold()
 
     def _hold(self) -> None:

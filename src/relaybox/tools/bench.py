@@ -13,6 +13,16 @@ On a fresh table it creates (and drops at the end, also on failure):
 5. raw (PostgreSQL): the fastest plain claim-and-delete loop on the same table, the
    ceiling the relay is compared with.
 
+With --cold (PostgreSQL), two drains come first, each by a fresh relay on a backlog
+that was never vacuumed or analyzed: one on the freshly migrated table, one after
+TRUNCATE. That is how a new deployment or a table emptied by hand starts, and the
+planner then knows nothing of the table; the warm drain's VACUUM ANALYZE hides it.
+`drains` puts every drain rate of the run beside the raw limit.
+
+With --cross-process (bench_cross.py), the writers and the relays (`relaybox relay`,
+--relays of them) run in processes of their own, as users run them, and the bench
+watches the Redis stream the relays publish to.
+
 Prints one JSON document on stdout; progress goes to stderr.
 """
 
@@ -31,7 +41,7 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import click
@@ -115,6 +125,12 @@ class BenchOptions:
     topic: str = "bench"
     #: Lease each row (`relaybox relay --no-partition-leases`) instead of partitions.
     row_leases: bool = False
+    #: Writers and relays in processes of their own (bench_cross.py).
+    cross_process: bool = False
+    #: Drain a fresh and a truncated table first, neither vacuumed nor analyzed.
+    cold: bool = False
+    #: Relay processes that drain together (cross-process only).
+    relays: int = 1
 
 
 # -- the database side ----------------------------------------------------------------
@@ -259,6 +275,24 @@ class PostgresAdmin:
 
     async def vacuum(self, table: str) -> None:
         await self._in_database(f"VACUUM ANALYZE {table}")
+
+    async def truncate(self, table: str) -> None:
+        await self._in_database(f"TRUNCATE {table}, {table}_done")
+
+    async def table_state(self, table: str) -> dict[str, Any]:
+        """Whether the table was ever vacuumed or analyzed (autovacuum included), and
+        what the planner believes of its size."""
+        row = await self._in_database(self._TABLE_STATE, table)
+        return {"analyzed": bool(row[0]), "vacuumed": bool(row[1]),
+                "planner_reltuples": float(row[2]),
+                "rows_changed_since_analyze": int(row[3])}  # fmt: skip
+
+    _TABLE_STATE = """
+        SELECT coalesce(last_analyze, last_autoanalyze) IS NOT NULL,
+               coalesce(last_vacuum, last_autovacuum) IS NOT NULL,
+               c.reltuples, s.n_mod_since_analyze
+        FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+        WHERE s.relid = $1::regclass"""
 
     async def writer(self) -> Writer:
         return AsyncpgWriter(await self.session())
@@ -531,7 +565,17 @@ class Workload:
                        payload={"n": f"{n:09d}", "pad": self.pad})  # fmt: skip
 
 
-async def fill(options: BenchOptions, admin: Admin, workload: Workload) -> dict[str, Any]:
+async def fill(
+    options: BenchOptions, admin: Admin, workload: Workload, *, analyze: bool = True
+) -> dict[str, Any]:
+    """Write the backlog from this process; VACUUM ANALYZE it after if `analyze`."""
+    result = await write_backlog(options, workload)
+    if analyze:
+        await admin.vacuum(options.table)
+    return result
+
+
+async def write_backlog(options: BenchOptions, workload: Workload) -> dict[str, Any]:
     storage = await open_storage(options.db, table=options.table)
     started = time.perf_counter()
     try:
@@ -542,7 +586,6 @@ async def fill(options: BenchOptions, admin: Admin, workload: Workload) -> dict[
     finally:
         await storage.close()
     seconds = time.perf_counter() - started
-    await admin.vacuum(options.table)
     return {"messages": options.messages, "seconds": round(seconds, 3),
             "msg_per_s": _rate(options.messages, seconds)}  # fmt: skip
 
@@ -651,9 +694,13 @@ class PacedWriter:
     whichever of a few connections is free, so one slow commit does not hold back the
     next send; records when each commit returned and announces it to the relay."""
 
-    def __init__(self, outbox: Outbox, writers: Sequence[Writer], rate: float) -> None:
+    def __init__(
+        self, outbox: Outbox, writers: Sequence[Writer], rate: float,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:  # fmt: skip
         self.outbox = outbox
         self.rate = rate
+        self.clock = clock
         self.committed: dict[uuid.UUID, float] = {}
         self.max_lag = 0.0
         self._free: asyncio.Queue[Writer] = asyncio.Queue()
@@ -682,7 +729,7 @@ class PacedWriter:
         try:
             self.max_lag = max(self.max_lag, time.perf_counter() - deadline)
             await writer.write(self.outbox, message)
-            self.committed[message.id] = time.perf_counter()
+            self.committed[message.id] = self.clock()
             self.outbox.committed([message])
         finally:
             self._free.put_nowait(writer)
@@ -774,6 +821,7 @@ def machine() -> dict[str, Any]:
 
 async def run_bench(options: BenchOptions) -> dict[str, Any]:
     url = DatabaseUrl.parse(options.db)
+    _check_setup(options, url)
     admin = await connect_admin(url)
     try:
         if await admin.exists(options.table):  # it would be filled, drained and dropped
@@ -804,6 +852,19 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
     finally:
         await admin.close()
     return report
+
+
+def _check_setup(options: BenchOptions, url: DatabaseUrl) -> None:
+    """Refuse combinations that cannot be measured, before anything is created."""
+    if options.cold and url.dialect != "postgresql":
+        raise RelayboxError("--cold measures PostgreSQL's planner on a fresh table: use a "
+                            "postgresql:// database")  # fmt: skip
+    if options.relays > 1 and not options.cross_process:
+        raise RelayboxError("--relays above 1 needs --cross-process (one process per relay)")
+    if options.cross_process:
+        from relaybox.tools import bench_cross
+
+        bench_cross.require_watchable(options.broker)
 
 
 def new_relay(options: BenchOptions, publisher: Publisher) -> Relay:
@@ -837,15 +898,64 @@ def _settings(options: BenchOptions, url: DatabaseUrl) -> dict[str, Any]:
         f"{writer}, one message per transaction, Outbox(notify=False); the relay is "
         "woken by Relay.attach (in-process commit announcements)"
     )
+    if options.cross_process:
+        settings["relay"]["lifetime"] = (
+            f"`relaybox relay` processes ({options.relays} for each drain, started on the "
+            "backlog and stopped by PID after it; a fresh one for idle and paced)"
+        )
+        settings["paced_writer"] = (
+            f"{writer} in a process of its own, one message per transaction, "
+            "Outbox(notify=True): the relay is woken by NOTIFY"
+        )
+    settings["fill"] = (
+        ("a writer process" if options.cross_process else "this process")
+        + ", storage.write in chunks of 1000; the warm drain's backlog is VACUUM ANALYZEd"
+        + (", the cold ones' are not" if options.cold else "")
+    )
     return settings
 
 
 async def _measure(options: BenchOptions, admin: Admin, report: dict[str, Any]) -> None:
     workload = Workload(options)
+    if options.cross_process:
+        await _measure_cross(options, admin, report)
+    else:
+        await _measure_in_process(options, admin, workload, report)
+    report["raw"] = None
+    if isinstance(admin, PostgresAdmin) and not options.skip_raw:
+        progress("raw claim-and-delete limit")
+        report["raw"] = await raw_limit(options, admin, workload)
+    raw = report["raw"]["raw_limit_msg_per_s"] if report["raw"] else None
+    drained = report["drain"]["msg_per_s"]
+    report["relay_vs_raw"] = round(drained / raw, 3) if raw and drained else None
+    report["drains"] = _drains(report)
+    if not options.skip_raw and bench_raw.module_for(options.broker) is not None:
+        progress("raw publish rate of the broker's client library")
+        report["broker_raw"] = await bench_raw.broker_limit(
+            options.broker, options.messages, options.payload_bytes
+        )
+        for name in ("bare", "with_envelope"):
+            limit = (report["broker_raw"] or {}).get(f"{name}_msg_per_s")
+            ratio = round(drained / limit, 3) if limit and drained else None
+            report[f"relay_vs_broker_raw_{name}"] = ratio
+
+
+async def _measure_in_process(
+    options: BenchOptions, admin: Admin, workload: Workload, report: dict[str, Any]
+) -> None:
+    if options.cold:
+
+        async def cold_drain() -> dict[str, Any]:
+            return await drain(options, admin)
+
+        report["cold"] = await cold_drains(
+            options, admin, lambda analyze: fill(options, admin, workload, analyze=analyze),
+            cold_drain,
+        )  # fmt: skip
     progress(f"filling {options.messages} messages into {options.table}")
     report["fill"] = await fill(options, admin, workload)
     progress("draining")
-    report["drain"] = await drain(options, admin)
+    report["drain"] = await _drain_state(admin, options, lambda: drain(options, admin))
     recorder = ConfirmRecorder(open_publisher(options.broker))
     relay = new_relay(options, recorder)
     started = time.perf_counter()
@@ -857,22 +967,79 @@ async def _measure(options: BenchOptions, admin: Admin, report: dict[str, Any]) 
         report["paced"] = await paced(options, admin, relay, recorder, workload)
     finally:
         await relay.stop()
-    report["raw"] = None
-    if isinstance(admin, PostgresAdmin) and not options.skip_raw:
-        progress("raw claim-and-delete limit")
-        report["raw"] = await raw_limit(options, admin, workload)
-    raw = report["raw"]["raw_limit_msg_per_s"] if report["raw"] else None
-    drained = report["drain"]["msg_per_s"]
-    report["relay_vs_raw"] = round(drained / raw, 3) if raw and drained else None
-    if not options.skip_raw and bench_raw.module_for(options.broker) is not None:
-        progress("raw publish rate of the broker's client library")
-        report["broker_raw"] = await bench_raw.broker_limit(
-            options.broker, options.messages, options.payload_bytes
-        )
-        for name in ("bare", "with_envelope"):
-            limit = (report["broker_raw"] or {}).get(f"{name}_msg_per_s")
-            ratio = round(drained / limit, 3) if limit and drained else None
-            report[f"relay_vs_broker_raw_{name}"] = ratio
+
+
+async def _measure_cross(options: BenchOptions, admin: Admin, report: dict[str, Any]) -> None:
+    from relaybox.tools import bench_cross
+
+    watch = bench_cross.StreamWatch(options.broker, options.topic)
+    try:
+
+        async def cross_fill(analyze: bool) -> dict[str, Any]:
+            return await bench_cross.fill(options, admin, analyze=analyze)
+
+        async def cross_drain() -> dict[str, Any]:
+            return await bench_cross.drain(options, admin, watch, options.relays)
+
+        if options.cold:
+            report["cold"] = await cold_drains(options, admin, cross_fill, cross_drain)
+        progress(f"filling {options.messages} messages into {options.table} (writer process)")
+        report["fill"] = await cross_fill(True)
+        progress(f"draining ({options.relays} relay process(es))")
+        report["drain"] = await _drain_state(admin, options, cross_drain)
+        report["idle"], report["paced"] = await bench_cross.idle_and_paced(options, admin, watch)
+    finally:
+        await watch.reset()
+        await watch.close()
+
+
+Step = Callable[[], Awaitable[dict[str, Any]]]
+
+
+async def cold_drains(
+    options: BenchOptions, admin: Admin, fill_with: Callable[[bool], Awaitable[dict[str, Any]]],
+    drain_with: Step,
+) -> dict[str, Any]:  # fmt: skip
+    """A fresh relay on the freshly migrated table, then on the table truncated and
+    refilled; neither vacuumed nor analyzed (the warm drain that follows is both). The
+    table is truncated again after, so the warm fill starts from an empty one."""
+    assert isinstance(admin, PostgresAdmin)
+    cold: dict[str, Any] = {}
+    for name in ("fresh_table", "truncated_table"):
+        if name == "truncated_table":
+            await admin.truncate(options.table)
+        progress(f"cold, {name.replace('_', ' ')}: filling {options.messages} messages")
+        filled = await fill_with(False)
+        progress(f"cold, {name.replace('_', ' ')}: draining")
+        cold[name] = {"fill": filled, "drain": await _drain_state(admin, options, drain_with)}
+    await admin.truncate(options.table)
+    return cold
+
+
+async def _drain_state(admin: Admin, options: BenchOptions, drain_with: Step) -> dict[str, Any]:
+    """A drain, with what the planner knew of the table when it started (PostgreSQL)."""
+    state = None
+    if isinstance(admin, PostgresAdmin):
+        state = await admin.table_state(options.table)
+    return {**await drain_with(), "table_at_start": state}
+
+
+def _drains(report: dict[str, Any]) -> dict[str, Any]:
+    """Every drain rate of the run side by side with the raw limit."""
+    cold = report.get("cold") or {}
+    raw = report.get("raw") or {}
+
+    def cold_rate(name: str) -> float | None:
+        rate: float | None = (cold.get(name) or {}).get("drain", {}).get("msg_per_s")
+        return rate
+
+    return {
+        "cold_fresh_table_msg_per_s": cold_rate("fresh_table"),
+        "cold_truncated_table_msg_per_s": cold_rate("truncated_table"),
+        "warm_msg_per_s": report["drain"]["msg_per_s"],
+        "raw_limit_msg_per_s": raw.get("raw_limit_msg_per_s"),
+        "raw_one_connection_msg_per_s": raw.get("one_connection_msg_per_s"),
+    }  # fmt: skip
 
 
 def _default_table() -> str:
@@ -900,10 +1067,31 @@ def _default_table() -> str:
     is_flag=True,
     help="Relays lease each row (as with relaybox relay --no-partition-leases).",
 )
+@click.option(
+    "--cross-process/--in-process",
+    default=False,
+    show_default=True,
+    help="Run the writers and `relaybox relay` in processes of their own; the relays "
+    "publish to --broker redis://..., whose stream the bench watches.",
+)
+@click.option(
+    "--cold/--warm",
+    default=False,
+    show_default=True,
+    help="Also drain a fresh relay on a freshly migrated and on a truncated table, "
+    "neither vacuumed nor analyzed (PostgreSQL), before the warm drain.",
+)
+@click.option(
+    "--relays",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Relay processes draining together (with --cross-process).",
+)
 def bench(
     db: str, broker: str, messages: int, batch_size: int, max_in_flight: int, rate: float,
     paced_seconds: float, idle_seconds: float, keys: int, payload_bytes: int, skip_raw: bool,
-    table: str | None, row_leases: bool,
+    table: str | None, row_leases: bool, cross_process: bool, cold: bool, relays: int,
 ) -> None:  # fmt: skip
     """Measure the relay on a database: drain, idle load, latency, WAL; prints JSON."""
     try:
@@ -913,6 +1101,7 @@ def bench(
             idle_seconds=idle_seconds, keys=keys, payload_bytes=payload_bytes,
             skip_raw=skip_raw, table=validate_table_name(table or _default_table()),
             topic=bench_raw.bench_topic(), row_leases=row_leases,
+            cross_process=cross_process, cold=cold, relays=relays,
         )  # fmt: skip
         report = asyncio.run(run_bench(options))
     except RelayboxError as exc:
