@@ -364,6 +364,7 @@ class Bench:
             "rate": round(len(counted) / args.seconds, 1), **percentiles(lags),
             "from_commit_sent": percentiles(upper),
             "writer_transaction_ms": round(statistics.fmean(spans) * 1000, 3),
+            "load_average_1m": round(os.getloadavg()[0], 2),  # others' load on the machine
             "relay_cpu_share": round(cpu / (WRITER_START_SECONDS + WARMUP_SECONDS + spent), 3),
         }  # fmt: skip
 
@@ -375,7 +376,8 @@ class Bench:
                 run_writers, self.db, self.table, writers=args.writers, rate=0,
                 seconds=args.throughput_seconds, notify=VARIANTS[variant][0],
             )  # fmt: skip
-        return {"variant": variant, "tps": round(sum(counts) / args.throughput_seconds, 1)}
+        return {"variant": variant, "tps": round(sum(counts) / args.throughput_seconds, 1),
+                "load_average_1m": round(os.getloadavg()[0], 2)}  # fmt: skip
 
     async def idle_run(self, variant: str) -> dict[str, Any]:
         """The relay's statements per second with nothing to do."""
