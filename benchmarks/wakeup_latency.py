@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/wakeup_latency.py [--rate 500] [--writers 4]
         [--seconds 10] [--rounds 3] [--throughput-seconds 10] [--idle-seconds 20]
-        [--trickle-rate 1] [--variants poll,wake,window] [--out FILE]
+        [--trickle-rate 1] [--variants poll,wake,window] [--relay-args "..."] [--out FILE]
 
 The deployment measured is the common one: writer processes commit, and `relaybox
 relay`, started here as a subprocess (stopped by its PID), publishes from a process of
@@ -50,6 +50,7 @@ import datetime
 import json
 import multiprocessing
 import os
+import shlex
 import signal
 import statistics
 import struct
@@ -210,6 +211,7 @@ class Relay:
             str(Path(sys.executable).with_name("relaybox")), "relay",
             "--db", db or bench.db, "--broker", f"default={bench.redis_url}",
             "--table", bench.table, "--log-level", "WARNING", *VARIANTS[variant][1],
+            *shlex.split(bench.args.relay_args),
         ]  # fmt: skip
         self.log = bench.work_dir / f"relay-{variant}-{uuid.uuid4().hex[:6]}.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -526,6 +528,7 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=20.0)
     parser.add_argument("--trickle-rate", type=float, default=1.0)
     parser.add_argument("--variants", default="poll,wake,window")
+    parser.add_argument("--relay-args", default="", help="more `relaybox relay` options")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     report = asyncio.run(main_async(args))
