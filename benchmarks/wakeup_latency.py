@@ -37,6 +37,10 @@ Phases, each alternating the variants run by run (`--rounds` runs of each):
 4. **trickle**: the same count while one writer commits `--trickle-rate` messages a
    second (0: skipped): what a burst's end costs, repeated.
 
+With `--db mysql://...` (MariaDB, MySQL) the writers use PyMySQL, `wake` is `window`
+(there is no NOTIFY), and the idle and trickle counts are skipped (the proxy reads
+PostgreSQL's protocol only).
+
 Prints one JSON document (and writes it to `--out`). The table (`wake_<hex>`) and the
 Redis stream are removed at the end; every process started here is stopped by its PID.
 """
@@ -109,7 +113,7 @@ def write(plan: WriterPlan, index: int, out: Any) -> None:
     (index, transactions, [(id hex, began, COMMIT sent, COMMIT returned), ...])."""
     outbox = Outbox(table=plan.table, notify=plan.notify)
     commits: list[tuple[str, float, float, float]] = []
-    with psycopg.connect(plan.db) as conn:
+    with contextlib.closing(connect(plan.db)) as conn:
         for n in range(5):  # warm: prepared statements, caches
             outbox.add(conn, Message(topic=TOPIC, key=f"w{index}-warm", payload={"n": n}))
             conn.commit()
@@ -133,6 +137,18 @@ def write(plan: WriterPlan, index: int, out: Any) -> None:
             commits.append((message.id.hex, began, committing, time.monotonic()))
             n += 1
     out.put((index, n, commits))
+
+
+def connect(db: str) -> Any:
+    """A writer's connection: psycopg on PostgreSQL, PyMySQL on MySQL/MariaDB."""
+    if not db.startswith("mysql"):
+        return psycopg.connect(db)
+    import pymysql
+
+    url = DatabaseUrl.parse(db)
+    return pymysql.connect(host=url.host or "127.0.0.1", port=url.port or 3306,
+                           user=url.user or "root", password=url.password or "",
+                           database=url.database)  # fmt: skip
 
 
 def run_writers(
@@ -312,6 +328,7 @@ class Bench:
         self.stream = f"{self.prefix}{TOPIC}"
         self.redis_url = f"{args.redis}?prefix={self.prefix}"
         self.work_dir = Path(tempfile.mkdtemp(prefix="relaybox-wake-"))
+        self.postgresql = DatabaseUrl.parse(self.db).dialect == "postgresql"
 
     async def receive(self, stop: asyncio.Event, arrivals: dict[str, float]) -> None:
         """Read the relay's stream from its start, noting each entry's arrival."""
@@ -333,6 +350,8 @@ class Bench:
     async def vacuum(self) -> None:
         """What autovacuum would do between runs (the shared server runs without it):
         reads would otherwise step over the dead rows of every run before."""
+        if not self.postgresql:
+            return
         async with await psycopg.AsyncConnection.connect(self.db, autocommit=True) as conn:
             await conn.execute(f"VACUUM {self.table}")
 
@@ -495,7 +514,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                  "r")
                     for v, ts in tps.items() if v != "poll"
                 }  # fmt: skip
-        if args.idle_seconds > 0:
+        if args.idle_seconds > 0 and bench.postgresql:  # the proxy speaks PostgreSQL
             report["idle"] = {v: await bench.idle_run(v) for v in variants}
             if args.trickle_rate > 0:
                 report["trickle"] = {
