@@ -44,12 +44,13 @@ def test_a_hint_opens_the_window_and_the_poll_backs_off_after_it() -> None:
     found.hint()
     assert found.delay == 0
     assert found.fast
-    assert empty_reads(found, 3) == [0.001] * 3
+    # Each empty read in the window waits a quarter longer than the last.
+    assert empty_reads(found, 3) == pytest.approx([0.001, 0.00125, 0.0015625])
     clock.now += 0.19
-    assert empty_reads(found, 1) == [0.001]
-    clock.now += 0.02  # the window is over: the adaptive poll from its shortest wait
+    assert empty_reads(found, 1) == pytest.approx([0.001953125])
+    clock.now += 0.02  # the window is over: the adaptive poll, doubling from there
     assert not found.fast
-    assert empty_reads(found, 4) == [0.01, 0.02, 0.04, 0.08]
+    assert empty_reads(found, 4) == pytest.approx([0.01, 0.02, 0.04, 0.08])
 
 
 def test_found_rows_extend_the_window() -> None:
@@ -60,9 +61,9 @@ def test_found_rows_extend_the_window() -> None:
         clock.now += 0.15
         found.found_work(more=False)
         assert found.fast
-        assert empty_reads(found, 1) == [0.001]
+        assert empty_reads(found, 1) == pytest.approx([0.00125])
     clock.now += 0.21
-    assert empty_reads(found, 1) == [0.01]
+    assert empty_reads(found, 1) == pytest.approx([0.01])
 
 
 def test_found_rows_open_the_window_without_a_hint() -> None:
@@ -72,7 +73,7 @@ def test_found_rows_open_the_window_without_a_hint() -> None:
     empty_reads(found, 9)
     found.found_work(more=False)
     assert found.fast
-    assert empty_reads(found, 2) == [0.001, 0.001]
+    assert empty_reads(found, 2) == pytest.approx([0.00125, 0.0015625])
 
 
 def test_within_the_window_only_a_full_batch_reads_again_at_once() -> None:
@@ -85,6 +86,20 @@ def test_within_the_window_only_a_full_batch_reads_again_at_once() -> None:
     no_window = waker(clock, window=0)
     no_window.found_work(more=False)
     assert no_window.delay == 0
+
+
+def test_a_burst_end_costs_a_few_empty_reads_not_one_per_interval() -> None:
+    """After the last message the empty reads space out: the window's 0.2 s take about
+    twenty, where a read every millisecond would take two hundred."""
+    clock = Clock()
+    found = waker(clock)
+    found.found_work(more=False)
+    reads = 0
+    while found.fast:
+        found.found_nothing()
+        clock.now += found.delay
+        reads += 1
+    assert 15 <= reads <= 25
 
 
 def test_a_failed_read_never_polls_fast() -> None:
