@@ -60,7 +60,7 @@ class Outbox:
     It is off by default because its cost grows with the number of writer processes
     (each has its own `Outbox`, so up to 20 NOTIFYs a second each): measured with
     `benchmarks/writer_overhead.py`, the debounced NOTIFY is within noise for 4 writer
-    processes and costs about a tenth of their throughput at 12; a NOTIFY on every
+    processes and cost about 2% of their throughput at 12; a NOTIFY on every
     transaction costs clearly more. A relay in another process does not need it to keep
     up with a stream: once it has found a message it reads again within a millisecond or
     so for as long as messages keep coming (`RelaySettings.fast_poll_window`). What the
