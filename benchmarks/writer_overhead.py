@@ -14,7 +14,8 @@ Variants (`--variants`, comma-separated, rotated in that order):
 
 - `plain`: the plain INSERT.
 - `outbox`: `Outbox(notify=False)`.
-- `outbox-notify`: `Outbox(notify=True)`, a NOTIFY at most every 0.05 s per client.
+- `outbox-notify`: `Outbox(notify=True)`, a NOTIFY at most every 0.05 s per client
+  (`--notify-interval S`: every S seconds instead).
 - `outbox-notify-every`: `Outbox(notify=0)`, a NOTIFY in every transaction.
 
 `--notify` is short for `--variants outbox,outbox-notify,outbox-notify-every`. While
@@ -28,7 +29,7 @@ every S seconds of wall-clock time: each variant then runs at full contention, a
 drift still hits all variants alike.
 
     .venv/bin/python benchmarks/writer_overhead.py [--seconds 30] [--clients 4]
-        [--variants plain,outbox | --notify] [--slice 0.5]
+        [--variants plain,outbox | --notify] [--slice 0.5] [--notify-interval 1]
 """
 
 from __future__ import annotations
@@ -184,7 +185,10 @@ def main() -> None:
     parser.add_argument("--variants", default="plain,outbox")
     parser.add_argument("--notify", action="store_true")
     parser.add_argument("--slice", type=float, default=None)
+    parser.add_argument("--notify-interval", type=float, default=None)
     args = parser.parse_args()
+    if args.notify_interval is not None:  # the clients fork from here and inherit it
+        NOTIFY_SETTINGS["outbox-notify"] = args.notify_interval
     variants = parse_variants(args)
     padding = setup()
     queue: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]

@@ -132,6 +132,29 @@ def test_relay_options_default_to_the_settings_objects_own(
     assert built == [RelaySettings()]
 
 
+def test_relay_fast_poll_options_reach_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from relaybox.cli import relay as command
+    from relaybox.relay import RelaySettings
+
+    built: list[RelaySettings] = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(*_args: object, settings: RelaySettings, **_kwargs: object) -> None:
+        built.append(settings)
+        raise Stop
+
+    monkeypatch.setattr(command, "Relay", capture)
+    args = ["relay", "--db", "memory://", "--broker", "d=noop://",
+            "--fast-poll-window", "0.5", "--fast-poll-interval", "0.002"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert isinstance(result.exception, Stop), result.output
+    assert (built[0].fast_poll_window, built[0].fast_poll_interval) == (0.5, 0.002)
+    result = CliRunner().invoke(main, [*args[:5], "--fast-poll-window", "0"])
+    assert built[1].fast_poll_window == 0
+
+
 def test_importing_relaybox_or_running_a_relay_loads_no_tool() -> None:
     """The bench, its raw broker loops, the demo and the embedded NATS server are tools:
     neither `import relaybox` nor `relaybox relay --help` imports them."""

@@ -152,6 +152,19 @@ _CIRCUIT = _DEFAULTS.circuit
 )
 @click.option("--idle-interval", default=_DEFAULTS.idle_interval, show_default=True)
 @click.option(
+    "--fast-poll-window",
+    default=_DEFAULTS.fast_poll_window,
+    show_default=True,
+    help="Seconds of fast polling after a NOTIFY or a read that found rows; longer than "
+    "the writers' notify interval. 0: the adaptive poll alone.",
+)
+@click.option(
+    "--fast-poll-interval",
+    default=_DEFAULTS.fast_poll_interval,
+    show_default=True,
+    help="Seconds between reads within the fast window.",
+)
+@click.option(
     "--published-retention",
     default=_DEFAULTS.published_retention,
     show_default=True,
@@ -175,7 +188,8 @@ def relay(
     max_in_flight: int, lease_seconds: float, publish_timeout: float, partitions: int,
     no_partition_leases: bool, retry_base: float, retry_max: float, retry_jitter: float,
     max_attempts: int, circuit_threshold: int, circuit_open: float, circuit_max_open: float,
-    idle_interval: float, max_claim_bytes: int,
+    idle_interval: float, fast_poll_window: float, fast_poll_interval: float,
+    max_claim_bytes: int,
     published_retention: float, abandoned_retention: float, cleanup_interval: float,
     shutdown_timeout: float, http: str | None, max_seconds: float | None, log_level: str,
 ) -> None:  # fmt: skip
@@ -201,6 +215,8 @@ def relay(
                                   max_open_seconds=max(circuit_open, circuit_max_open)),
             idle_interval=idle_interval,
             min_poll_interval=min(_DEFAULTS.min_poll_interval, idle_interval),
+            fast_poll_window=fast_poll_window,
+            fast_poll_interval=min(fast_poll_interval, idle_interval),
             published_retention=published_retention, abandoned_retention=abandoned_retention,
             cleanup_interval=cleanup_interval, shutdown_timeout=shutdown_timeout,
         )  # fmt: skip

@@ -102,14 +102,15 @@ def notify_channel(table: str) -> str:
     - The writer sends it at most once per `notify_interval` seconds per `Outbox`
       (default `relaybox.writer.outbox.DEFAULT_NOTIFY_INTERVAL`, 0.05 s), on the first
       add after the interval has passed; the adds that follow within the interval
-      commit without one. So a relay that is woken must claim at once *and claim again
-      `notify_interval` seconds after the wake-up* (and keep claiming while it finds
-      rows), or those quiet commits wait for its poll. The relay cannot see the
-      writers' setting: it uses an interval at least as long as theirs.
-    - What that second look cannot catch is left to the relay's adaptive poll, whose
+      commit without one. So a relay that is woken must claim at once *and keep
+      claiming for longer than `notify_interval` after the wake-up* (and for as long
+      as it finds rows), or those quiet commits wait for its poll: relaybox's relay
+      reads every `RelaySettings.fast_poll_interval` for `fast_poll_window` seconds.
+      The relay cannot see the writers' setting: its window must be the longer.
+    - What that window cannot catch is left to the relay's adaptive poll, whose
       ceiling is the worst-case latency: a transaction that carried the NOTIFY and
       rolled back (the quiet ones after it then wake nobody), and a quiet transaction
-      that commits after the second look (a long transaction).
+      that commits after the window (a long transaction).
     - A listener that loses its connection misses what was sent meanwhile: after it
       reconnects it must claim as if woken (`pg_listen` calls `on_notify` then).
     """

@@ -287,14 +287,15 @@ class Relay:
         return opened
 
     async def _listen(self, database: Database, processor: Processor[Any]) -> None:
-        """On PostgreSQL, wake on the writers' NOTIFY too (see `notify_channel`)."""
+        """On PostgreSQL, wake on the writers' NOTIFY too (see `notify_channel`), and
+        poll fast for a while after it (`RelaySettings.fast_poll_window`)."""
         if not self.settings.listen or not isinstance(database, str):
             return
         if DatabaseUrl.parse(database).dialect != "postgresql":
             return
         from relaybox.storage.pg_listen import listen
 
-        self._listeners.append(await listen(database, self.table, processor.wake))
+        self._listeners.append(await listen(database, self.table, processor.hint))
 
     async def _open(self, url: str, into: list[Storage]) -> SqlStorage | MemoryStorage:
         storage = await open_storage(url, table=self.table)

@@ -99,7 +99,12 @@ class Processor(abc.ABC, Generic[P]):
         self._circuits = circuits
         self._settings = settings
         self._probe_in: float | None = None
-        self._waker = Waker(settings.min_poll_interval, settings.idle_interval)
+        self._waker = Waker(
+            settings.min_poll_interval,
+            settings.idle_interval,
+            fast_interval=settings.fast_poll_interval,
+            fast_window=settings.fast_poll_window,
+        )
         self._slots = asyncio.Semaphore(settings.max_in_flight)
         self._delivery = Delivery(publishers, circuits, settings.retry, settings.publish_timeout)
         self._deliveries: set[asyncio.Task[None]] = set()
@@ -163,6 +168,16 @@ class Processor(abc.ABC, Generic[P]):
 
     def wake(self) -> None:
         self._waker.wake()
+
+    def hint(self) -> None:
+        """Rows may have been committed and more may follow unannounced (a writer's
+        NOTIFY): look now, then fast for `fast_poll_window` (see `relay.waker`)."""
+        self._waker.hint()
+
+    @property
+    def polling_fast(self) -> bool:
+        """Whether the fast window is open (`RelaySettings.fast_poll_window`)."""
+        return self._waker.fast
 
     @property
     def partitions_held(self) -> int | None:
@@ -290,16 +305,16 @@ class Processor(abc.ABC, Generic[P]):
             except RelayboxError as error:
                 self._slots.release()
                 logger.warning("claim failed: %s", error, extra={"action": "claim_error"})
-                waker.found_nothing()
+                waker.found_nothing(looked=False)
                 continue
             if claim is None or not claim.messages:
                 self._slots.release()
-                waker.found_nothing()
+                waker.found_nothing(looked=claim is not None)
                 if claim is not None:
                     pacing.found_nothing(beside=beside)
             else:
-                waker.found_work()
                 pacing.took(claim.messages, len(claim.messages), beside=beside)
+                waker.found_work(more=pacing.full)
                 self._launch(claim)
             if self._probe_in is not None:  # come back when an open circuit may be probed
                 waker.wait_at_most(self._probe_in)

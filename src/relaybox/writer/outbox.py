@@ -58,12 +58,16 @@ class Outbox:
     cannot PREPARE a transaction that notified).
 
     It is off by default because its cost grows with the number of writer processes
-    (each has its own `Outbox`, so up to 20 NOTIFYs a second each). Measured with
-    `benchmarks/writer_overhead.py` (docs/benchmarks.md, "Waking the relay with
-    NOTIFY"), the debounced NOTIFY is within noise for a few writer processes and
-    costs throughput as they and their contention grow; a NOTIFY on every transaction
-    costs clearly more. Turn it on where a few writer processes share the database and
-    wake-up latency matters.
+    (each has its own `Outbox`, so up to 20 NOTIFYs a second each): measured with
+    `benchmarks/writer_overhead.py`, the debounced NOTIFY is within noise for 4 writer
+    processes and cost about 2% of their throughput at 12; a NOTIFY on every
+    transaction costs clearly more. A relay in another process does not need it to keep
+    up with a stream: once it has found a message it reads again within a millisecond or
+    so for as long as messages keep coming (`RelaySettings.fast_poll_window`). What the
+    NOTIFY buys is the first message after a quiet spell, published at once instead of
+    at the relay's next idle poll (up to its `idle_interval`, 1 s). Turn it on where a
+    few writer processes share the database and that first message's latency matters
+    (docs/benchmarks.md, "Commit-to-publish latency across processes").
     """
 
     def __init__(
