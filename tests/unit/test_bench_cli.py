@@ -82,6 +82,27 @@ def test_bench_runs_relay_processes_cold_and_warm_watching_their_stream() -> Non
     assert _pg_tables(table) == []
 
 
+def test_bench_times_relay_processes_publishing_nowhere_to_the_last_settle() -> None:
+    """With a noop broker there is no stream to watch: the drain ends when the table
+    holds no live row, and there is no paced phase to time."""
+    table = f"bench_noop_{uuid.uuid4().hex[:8]}"
+    args = ["bench", "--db", PG_BENCH_URL, "--messages", "300", "--paced-seconds", "0",
+            "--idle-seconds", "0", "--table", table, "--cross-process", "--cold",
+            "--skip-raw"]  # fmt: skip
+
+    result = CliRunner().invoke(main, args)
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    for drain in (report["cold"]["fresh_table"]["drain"], report["drain"]):
+        assert drain["messages"] == 300
+        assert drain["seconds"] == drain["all_settled_seconds"] > 0
+        assert drain["first_confirm_seconds"] is None
+        assert drain["relay_exit_codes"] == [0]
+    assert report["paced"] is None
+    assert _pg_tables(table) == []
+
+
 def test_cold_bench_drains_a_never_analyzed_table_in_process() -> None:
     table = f"bench_cold_{uuid.uuid4().hex[:8]}"
     args = ["bench", "--db", PG_BENCH_URL, "--messages", "200", "--paced-seconds", "0.5",
@@ -102,6 +123,7 @@ def test_cold_bench_drains_a_never_analyzed_table_in_process() -> None:
     ("extra", "says"),
     [
         (["--cross-process"], "--broker redis://"),
+        (["--cross-process", "--paced-seconds", "1"], "--paced-seconds 0"),
         (["--relays", "2"], "--cross-process"),
         (["--cold"], "postgresql://"),
     ],

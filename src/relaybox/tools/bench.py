@@ -864,7 +864,7 @@ def _check_setup(options: BenchOptions, url: DatabaseUrl) -> None:
     if options.cross_process:
         from relaybox.tools import bench_cross
 
-        bench_cross.require_watchable(options.broker)
+        bench_cross.require_watchable(options.broker, paced_seconds=options.paced_seconds)
 
 
 def new_relay(options: BenchOptions, publisher: Publisher) -> Relay:
@@ -972,7 +972,8 @@ async def _measure_in_process(
 async def _measure_cross(options: BenchOptions, admin: Admin, report: dict[str, Any]) -> None:
     from relaybox.tools import bench_cross
 
-    watch = bench_cross.StreamWatch(options.broker, options.topic)
+    watched = bench_cross.watchable(options.broker)
+    watch = bench_cross.StreamWatch(options.broker, options.topic) if watched else None
     try:
 
         async def cross_fill(analyze: bool) -> dict[str, Any]:
@@ -989,8 +990,9 @@ async def _measure_cross(options: BenchOptions, admin: Admin, report: dict[str, 
         report["drain"] = await _drain_state(admin, options, cross_drain)
         report["idle"], report["paced"] = await bench_cross.idle_and_paced(options, admin, watch)
     finally:
-        await watch.reset()
-        await watch.close()
+        if watch is not None:
+            await watch.reset()
+            await watch.close()
 
 
 Step = Callable[[], Awaitable[dict[str, Any]]]
@@ -1072,7 +1074,8 @@ def _default_table() -> str:
     default=False,
     show_default=True,
     help="Run the writers and `relaybox relay` in processes of their own; the relays "
-    "publish to --broker redis://..., whose stream the bench watches.",
+    "publish to --broker redis://..., whose stream the bench watches (or to noop:// "
+    "with --paced-seconds 0: drains timed to the last settle).",
 )
 @click.option(
     "--cold/--warm",

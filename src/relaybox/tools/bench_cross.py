@@ -66,12 +66,23 @@ CROSS_DRAIN_NOTE = (
 )
 
 
-def require_watchable(broker: str) -> None:
-    if broker.partition("://")[0] not in WATCHABLE:
+def require_watchable(broker: str, *, paced_seconds: float) -> None:
+    """Redis for the confirms; `noop://` for drains alone (timed to the last settle),
+    the database's own limit beside the raw claim-and-delete loop, which publishes
+    nothing either."""
+    scheme = broker.partition("://")[0]
+    if scheme == "noop" and paced_seconds == 0:
+        return
+    if scheme not in WATCHABLE:
         raise RelayboxError(
             "--cross-process watches the stream the relays publish to: give "
-            "--broker redis://HOST:PORT (a Redis the bench can read)"
+            "--broker redis://HOST:PORT (a Redis the bench can read), or noop:// with "
+            "--paced-seconds 0 for drains timed to the last settle"
         )
+
+
+def watchable(broker: str) -> bool:
+    return broker.partition("://")[0] in WATCHABLE
 
 
 # -- the stream the relays write to ---------------------------------------------------
@@ -366,12 +377,14 @@ async def _confirmed(
 
 
 async def drain(
-    options: bench.BenchOptions, admin: bench.Admin, watch: StreamWatch, relays: int
+    options: bench.BenchOptions, admin: bench.Admin, watch: StreamWatch | None, relays: int
 ) -> dict[str, Any]:
     """Start `relays` relay processes on the backlog, time them to the last confirm and
-    to the last settle, then stop them by PID."""
+    to the last settle, then stop them by PID. Without a stream to watch (a noop
+    broker) the drain is timed to the last settle."""
     pg = admin if isinstance(admin, bench.PostgresAdmin) else None
-    await watch.reset()
+    if watch is not None:
+        await watch.reset()
     probe = await pg.session() if pg is not None else None
     try:
         clock = DrainClock(options, probe, relays)
@@ -382,9 +395,15 @@ async def drain(
         async with fleet(options) as processes:
             cpu, clock.started = bench.CpuMark.now(), time.perf_counter()
             await processes.spawn(relays)
-            await _confirmed(options, watch, processes, clock)
-            seconds, usage = clock.since(), cpu.usage()
-            settled = await clock.until_settled(processes)
+            if watch is not None:
+                await _confirmed(options, watch, processes, clock)
+                seconds, usage = clock.since(), cpu.usage()
+                settled = await clock.until_settled(processes)
+            else:
+                settled = await clock.until_settled(processes)
+                seconds, usage = settled, cpu.usage()
+                await processes.running()
+                clock.running_at = clock.running_at or clock.since()
             lsn = await pg.wal_lsn() if pg is not None else 0
             relay_cpu = [r.cpu_seconds() for r in processes.relays]
             codes = await processes.stop()
@@ -413,8 +432,8 @@ async def drain(
 
 
 async def idle_and_paced(
-    options: bench.BenchOptions, admin: bench.Admin, watch: StreamWatch
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    options: bench.BenchOptions, admin: bench.Admin, watch: StreamWatch | None
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """One fresh relay process: its idle load, then the paced writer's latency."""
     pg = admin if isinstance(admin, bench.PostgresAdmin) else None
     async with fleet(options) as processes:
@@ -424,6 +443,8 @@ async def idle_and_paced(
         bench.progress(f"idle for {options.idle_seconds:g} s")
         idle = await _idle(options, pg, started)
         processes.check()
+        if watch is None:  # a noop broker: nothing to time the paced messages by
+            return idle, None
         bench.progress(f"paced: {options.rate:g} msg/s for {options.paced_seconds:g} s")
         paced = await _paced(options, admin, watch)
         processes.check()
