@@ -22,7 +22,7 @@ SIDE_TABLES = (
     "_attempts",
 )  # fmt: skip
 #: Functions the PostgreSQL migrations create for a table, by suffix of its prefix.
-_PG_FUNCTIONS = ("_claim", "_read_past", "_within")
+_PG_FUNCTIONS = ("_claim", "_heartbeat", "_read_past", "_within")
 
 
 def unique_table(stem: str = "rbx") -> str:

@@ -19,12 +19,18 @@ import contextlib
 import json
 import math
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from relaybox.core.identifiers import DEFAULT_TABLE
-from relaybox.core.partitions import DEFAULT_PARTITIONS, claim_lock_key, require_partitions
-from relaybox.core.records import Claim, StoredMessage
+from relaybox.core.message import DEFAULT_TARGET
+from relaybox.core.partitions import (
+    DEFAULT_PARTITIONS,
+    claim_lock_key,
+    rebalance,
+    require_partitions,
+)
+from relaybox.core.records import Assignment, Claim, StoredMessage
 from relaybox.errors import (
     SchemaError,
     StorageError,
@@ -39,7 +45,7 @@ from relaybox.storage.rows import (
     decode_exact,
     readable,
 )
-from relaybox.storage.sql import GRACE, Connection, Seqs, SqlStorage
+from relaybox.storage.sql import GRACE, Connection, Seqs, SqlStorage, assignment
 from relaybox.storage.urls import DatabaseUrl
 
 #: For the relay's own connections. The claim's estimated cost (its per-row order
@@ -212,6 +218,42 @@ class PostgresStorage(SqlStorage):
 
     def _seqs(self, seqs: Seqs) -> str:
         return _array_text(seqs)
+
+    async def heartbeat(
+        self,
+        worker: str,
+        *,
+        partitions: int,
+        lease_seconds: float,
+        busy: Collection[int] = (),
+        target: str = DEFAULT_TARGET,
+    ) -> Assignment:
+        """Renew and rebalance `target`'s partitions in one round trip when nothing
+        changes hands (an idle relay's every heartbeat), two when something does.
+
+        The first step, {prefix}_heartbeat, commits on its own: it expires dead members,
+        joins, creates missing partitions and renews those held, so it only extends what
+        the relay held already. Should the second step fail, the relay keeps what it
+        held without counting the heartbeat as a renewal, as after any failed heartbeat.
+        The second step gives back and takes partitions in one transaction, so a failed
+        heartbeat never gives back partitions the relay would still read. It may run
+        apart from the first: giving back is fenced by the owner, and taking takes only
+        free or expired partitions as they are when it runs (SKIP LOCKED passes over
+        those another heartbeat holds), so nothing the first step saw needs to hold
+        still in between; the count of live relays the share rests on may be a moment
+        old, as it may within one transaction, and the next heartbeat corrects a share
+        that is off. It locks no member row, so the order of member-row locks that keeps
+        heartbeats from deadlocking is the function's alone."""
+        count, lease = require_partitions(partitions), float(lease_seconds)
+        ((live, served, held),) = await self._fetch("heartbeat", worker, lease, target, count)
+        plan = rebalance(held, count, int(live), busy)
+        taken: list[int] = []
+        if plan.release or plan.wanted:
+            taken = await self._run(
+                lambda session: self._shift(session, worker, lease, count, plan, target),
+                atomic=bool(plan.release) and plan.wanted > 0,
+            )
+        return assignment(plan, taken, int(live), frozenset(str(t) for t in served))
 
     async def claim(
         self,

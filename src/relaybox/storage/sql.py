@@ -9,8 +9,9 @@ dialect's queries.sql and takes the same parameters in the same order on every d
 
 A dialect (postgres.py, mysql.py, sqlite.py) supplies its driver, how its errors map
 onto relaybox's, how it binds a list of seqs, and what it does its own way: the claim
-(`RowLeaseStorage.claim`) and the owned read (`PartitionStorage.read`), and the steps of
-a heartbeat where its SQL cannot return rows from an UPDATE.
+(`RowLeaseStorage.claim`) and the owned read (`PartitionStorage.read`), the steps of a
+heartbeat where its SQL cannot return rows from an UPDATE, and PostgreSQL's heartbeat,
+one call of a function of its schema.
 
 No call waits on the database unbounded: connecting is bounded by the URL's
 `connect_timeout`, each statement by its `command_timeout` (plus a second, so that a
@@ -33,7 +34,12 @@ from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import DEFAULT_TARGET
-from relaybox.core.partitions import DEFAULT_PARTITIONS, rebalance, require_partitions
+from relaybox.core.partitions import (
+    DEFAULT_PARTITIONS,
+    Rebalance,
+    rebalance,
+    require_partitions,
+)
 from relaybox.core.records import (
     AbandonedMessage,
     Assignment,
@@ -366,19 +372,21 @@ class SqlStorage(abc.ABC):
             served = frozenset(str(t) for (t,) in await session.fetch("members_targets"))
             held = await self._renew_partitions(session, worker, lease, target)
             plan = rebalance(held, count, live, busy)
-            if plan.release:
-                await session.execute("partitions_release", worker, Seqs(plan.release), target)
-            taken = []
-            if plan.wanted:
-                taken = await self._take_partitions(
-                    session, worker, lease, count, plan.wanted, target
-                )
-            return Assignment(
-                frozenset([*plan.keep, *plan.draining, *taken]), live, frozenset(plan.draining),
-                served,
-            )  # fmt: skip
+            taken = await self._shift(session, worker, lease, count, plan, target)
+            return assignment(plan, taken, live, served)
 
         return await self._run(beat, atomic=True)
+
+    async def _shift(
+        self, session: Session, worker: str, lease: float, count: int, plan: Rebalance, target: str
+    ) -> list[int]:
+        """Give back the partitions of `target` that `plan` releases and take those it
+        wants; the partitions taken."""
+        if plan.release:
+            await session.execute("partitions_release", worker, Seqs(plan.release), target)
+        if not plan.wanted:
+            return []
+        return await self._take_partitions(session, worker, lease, count, plan.wanted, target)
 
     async def _create_partitions(self, session: Session, count: int, target: str) -> None:
         await session.execute("partitions_create", count, target)
@@ -476,6 +484,16 @@ class SqlStorage(abc.ABC):
             )
 
         return await self._run(read)
+
+
+def assignment(
+    plan: Rebalance, taken: Iterable[int], live: int, served: frozenset[str]
+) -> Assignment:
+    """What a heartbeat hands the relay: the partitions it keeps (draining ones among
+    them) and those it took."""
+    return Assignment(
+        frozenset([*plan.keep, *plan.draining, *taken]), live, frozenset(plan.draining), served
+    )
 
 
 async def _rolled_back(connection: Connection) -> bool:

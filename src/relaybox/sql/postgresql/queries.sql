@@ -411,42 +411,17 @@ SELECT t FROM unnest(ARRAY['{table}', '{table}_done', '{table}_partitions',
                            '{table}_members']) AS t
 WHERE to_regclass(t) IS NULL;
 
--- Partition leases, per target. A heartbeat of one target runs members_expire through
--- partitions_take in one transaction, in this order. Dead members go before the worker
--- joins, so two heartbeats lock member rows in one order and cannot deadlock on them.
+-- Partition leases, per target. A heartbeat of one target is one call of
+-- {prefix}_heartbeat (schema.sql explains it), which expires dead members, joins,
+-- creates the target's partitions if missing and renews those the worker holds; only
+-- when the relay must give partitions back or take some do partitions_release and
+-- partitions_take follow, in a transaction of their own.
 
--- name: members_expire
-DELETE FROM {table}_members WHERE lease_until < now();
-
--- name: member_join
--- $1 worker, $2 lease seconds, $3 target.
-INSERT INTO {table}_members (worker, target, lease_until)
-VALUES ($1::text, $3::text, now() + $2::float8 * interval '1 second')
-ON CONFLICT (worker, target) DO UPDATE SET lease_until = EXCLUDED.lease_until;
-
--- name: partitions_create
--- $1 partitions, $2 target. Once the rows exist the anti-join finds nothing to insert.
-INSERT INTO {table}_partitions (target, partition)
-SELECT $2::text, p FROM generate_series(0, $1::integer - 1) AS p
-WHERE NOT EXISTS (SELECT 1 FROM {table}_partitions x WHERE x.target = $2::text
-                  AND x.partition = p)
-ON CONFLICT DO NOTHING;
-
--- name: members_live
--- $1 target: how many live relays serve it.
-SELECT count(*) FROM {table}_members WHERE target = $1::text AND lease_until >= now();
-
--- name: members_targets
--- The targets some live relay serves.
-SELECT DISTINCT target FROM {table}_members WHERE lease_until >= now();
-
--- name: partitions_renew
--- $1 worker, $2 lease seconds, $3 target. Returns every partition of the target the
--- worker holds.
-UPDATE {table}_partitions
-SET lease_until = now() + $2::float8 * interval '1 second'
-WHERE owner = $1::text AND target = $3::text
-RETURNING partition;
+-- name: heartbeat
+-- $1 worker, $2 lease seconds, $3 target, $4 partitions. One row: how many live relays
+-- serve the target, the targets some live relay serves, the partitions renewed.
+SELECT live, served, held
+FROM {prefix}_heartbeat($1::text, $2::float8, $3::text, $4::integer);
 
 -- name: partitions_release
 -- $1 worker, $2 the partitions it gives back (array text), $3 target.

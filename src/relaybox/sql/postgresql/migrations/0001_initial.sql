@@ -436,3 +436,49 @@ BEGIN
     ORDER BY o.seq;
 END
 $$;
+
+-- A relay's partition-lease heartbeat of one target, in one statement: the steps below
+-- run in this order, in the statement's own transaction. Dead members go before the
+-- worker joins, so two heartbeats lock member rows in one order and cannot deadlock on
+-- them. The target's partitions are created once: the insert finds nothing to add once
+-- the rows exist, and one that another heartbeat adds at the same time is skipped. Then
+-- every partition of p_target that p_worker holds is renewed for p_lease seconds.
+-- It returns how many live relays serve p_target, the targets some live relay serves,
+-- and the partitions renewed (p_count: how many partitions the relay counts). From
+-- these the relay works out which partitions to give back and how many to take
+-- (rebalance, in Python): in a steady state none, and the heartbeat is this one round
+-- trip; otherwise queries.sql's partitions_release and partitions_take follow in a
+-- transaction of their own (the storage's `heartbeat` says why that is safe).
+CREATE OR REPLACE FUNCTION {prefix}_heartbeat(
+    p_worker text, p_lease float8, p_target text, p_count integer)
+RETURNS TABLE (live integer, served text[], held integer[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_live integer;
+    v_served text[];
+    v_held integer[];
+BEGIN
+    DELETE FROM {table}_members m WHERE m.lease_until < now();
+    INSERT INTO {table}_members (worker, target, lease_until)
+    VALUES (p_worker, p_target, now() + p_lease * interval '1 second')
+    ON CONFLICT (worker, target) DO UPDATE SET lease_until = EXCLUDED.lease_until;
+    INSERT INTO {table}_partitions (target, partition)
+    SELECT p_target, n FROM generate_series(0, p_count - 1) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM {table}_partitions x
+                      WHERE x.target = p_target AND x.partition = n)
+    ON CONFLICT DO NOTHING;
+    SELECT count(*) INTO v_live FROM {table}_members m
+    WHERE m.target = p_target AND m.lease_until >= now();
+    SELECT coalesce(array_agg(DISTINCT m.target), '{}') INTO v_served
+    FROM {table}_members m WHERE m.lease_until >= now();
+    WITH renewed AS (
+        UPDATE {table}_partitions x
+        SET lease_until = now() + p_lease * interval '1 second'
+        WHERE x.owner = p_worker AND x.target = p_target
+        RETURNING x.partition)
+    SELECT coalesce(array_agg(r.partition ORDER BY r.partition), '{}') INTO v_held
+    FROM renewed r;
+    RETURN QUERY SELECT v_live, v_served, v_held;
+END
+$$;
