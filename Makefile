@@ -46,9 +46,9 @@ bench: install
 	$(BIN)/python benchmarks/writer_overhead.py
 	$(BIN)/python benchmarks/relay_driver.py
 
-# The chaos suite at full length on every database x broker (PostgreSQL + NATS with
-# 100,000+ messages and 80+ faults, the other eight smaller); `make test` runs it short
-# on three of them. Reports are printed, tabled at the end, and kept in chaos-reports/.
+# The chaos suite at full length on every database x broker and on log mode (PostgreSQL
+# + NATS in both modes with 100,000+ messages and 80+ faults, the other eight smaller);
+# `make test` runs it short, with several faults of each kind on four of them. Reports are printed, tabled at the end, and kept in chaos-reports/.
 chaos: install
 	RELAYBOX_CHAOS=full RELAYBOX_CHAOS_REPORTS=chaos-reports $(BIN)/pytest -s -p no:cacheprovider tests/chaos
 

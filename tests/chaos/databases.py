@@ -1,4 +1,5 @@
-"""The databases a chaos world runs on: PostgreSQL, MariaDB and SQLite, each private.
+"""The databases a chaos world runs on: PostgreSQL, MariaDB and SQLite, each private,
+and PostgreSQL in log mode.
 
 A `ChaosDatabase` gives the world what differs between them: its server (started,
 crashed and started again, where there is one), the URL a relay gets (through a proxy
@@ -6,6 +7,12 @@ port, where there is a link to cut), and a `Session`: the application's own conn
 used by the writers and by the inbox consumers, through psycopg, aiomysql or
 aiosqlite. SQLite is a file that several relay processes share: it has no server to
 restart and no link to cut, so those faults do not apply to it (`server = False`).
+
+Log mode (`log = True`) is a database of its own here because everything differs on
+the server's side: a PostgreSQL with wal_level=logical, the table's replication slot
+made at migration, writers emitting into the write-ahead log (`LogOutbox`) instead of
+inserting rows, and relays streaming the slot (`relaybox relay --mode log`). The
+faults are the same ones, and so is the judgement.
 """
 
 from __future__ import annotations
@@ -69,6 +76,9 @@ class ChaosDatabase(abc.ABC):
     #: Where finished (published, abandoned) rows live: beside the outbox table
     #: (PostgreSQL's `_done`), or in it.
     finished_suffix: ClassVar[str] = ""
+    #: Log mode: writers emit into PostgreSQL's write-ahead log (`LogOutbox`) and the
+    #: relays stream the table's replication slot (`relaybox relay --mode log`).
+    log: ClassVar[bool] = False
     #: The database's port, which a proxy forwards to (None: no server).
     port: int | None
 
@@ -163,8 +173,8 @@ class ChaosPostgres(_ServerDatabase):
     id_text = "id::text"
     finished_suffix = "_done"
 
-    def __init__(self) -> None:
-        super().__init__(ThrowawayPostgres())
+    def __init__(self, settings: dict[str, str] | None = None) -> None:
+        super().__init__(ThrowawayPostgres(settings))
 
     async def connect(self) -> Session:
         return _PsycopgSession(await psycopg.AsyncConnection.connect(self.url, connect_timeout=2))
@@ -172,6 +182,19 @@ class ChaosPostgres(_ServerDatabase):
     def run(self, statement: str) -> None:
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute(statement)
+
+
+#: What log mode needs of the server: logical decoding, and a WAL sender for each relay
+#: (one streams the slot; the others keep trying, each attempt a sender of its own).
+LOGICAL = {"wal_level": "logical", "max_replication_slots": "10", "max_wal_senders": "20"}
+
+
+class ChaosPostgresLog(ChaosPostgres):
+    name = "PostgreSQL (log mode)"
+    log = True
+
+    def __init__(self) -> None:
+        super().__init__(LOGICAL)
 
 
 # -- MariaDB ------------------------------------------------------------------------
@@ -304,6 +327,7 @@ class ChaosSQLite(ChaosDatabase):
 
 DATABASES: dict[str, type[ChaosDatabase]] = {
     "postgresql": ChaosPostgres,
+    "postgresql-log": ChaosPostgresLog,
     "mariadb": ChaosMariaDB,
     "sqlite": ChaosSQLite,
 }

@@ -16,6 +16,14 @@ belongs to one writer, so its write order is its commit order. The relays reach 
 database and the broker each through a proxy of their own, which faults can cut (an
 SQLite file has no link: its relays open it directly).
 
+On "postgresql-log" the world runs log mode: the table's replication slot is made with
+the migration, before any writer; writers emit through `LogOutbox` in the same
+transactions (rollbacks included); the relays run `--mode log`, one streaming the slot
+while the others stand by (running the table relay for what the stream could not
+publish), so a SIGKILL of the streaming one, which every other kill picks there, hands
+the slot over. The outbox has drained once the slot's confirmed position has passed a
+mark put into the WAL at the end and the table holds no live row.
+
 What was delivered is read back from the broker at the end, in the broker's order (the
 order the relays published in), with the broker's timestamp of each message where it
 keeps one. Meanwhile the broker's relaybox consumer with an `Inbox` applies each
@@ -48,9 +56,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from relaybox import Consumer, Inbox, Incoming, Message, Outbox
+from relaybox import Consumer, Inbox, Incoming, LogOutbox, Message, Outbox
 from relaybox.consumers.base import BrokerConsumer
+from relaybox.core.log_records import log_slot, parse_lsn
 from relaybox.migrations import migrate
+from relaybox.storage.pg_log import confirmed_position, create_slot
 from tests.chaos.brokers import BROKERS, TOPIC, ChaosBroker
 from tests.chaos.checker import Delivered, Report, Written, check
 from tests.chaos.cluster import Proxy
@@ -141,8 +151,8 @@ class Writers:
     """Writer tasks committing orders with their messages at a steady overall rate."""
 
     def __init__(
-        self, database: ChaosDatabase, outbox: Outbox, *, count: int, keys_each: int,
-        rate: float,
+        self, database: ChaosDatabase, outbox: Outbox | LogOutbox, *, count: int,
+        keys_each: int, rate: float,
     ) -> None:  # fmt: skip
         self.written: list[Written] = []
         self.committed_at: dict[str, float] = {}
@@ -245,6 +255,8 @@ class Relays:
         self.db_options: dict[str, str] = {}
         self.started = 0
         self.killed = 0
+        #: Log mode: kills of the relay that was streaming the slot (each a takeover).
+        self.stream_kills = 0
 
     def start(self, slot: int) -> None:
         world = self._world
@@ -257,12 +269,17 @@ class Relays:
         targets = dict.fromkeys(self.targets.get(slot, ["default"]), broker_url)
         log = (self._logs / f"relay{slot}-{self.started}.log").open("w")
         db_url = world.database.relay_url(None if db_proxy is None else db_proxy.port)
-        if self.db_options:
-            db_url += ("&" if "?" in db_url else "?") + urllib.parse.urlencode(self.db_options)
+        options = dict(self.db_options)
+        if world.database.log:  # the server names the relay that streams the slot
+            options["application_name"] = application_name(slot)
+        if options:
+            db_url += ("&" if "?" in db_url else "?") + urllib.parse.urlencode(options)
+        mode = ["--mode", "log"] if world.database.log else []
         command = [
             RELAYBOX, "relay",
             "--db", db_url,
             "--table", world.table,
+            *mode,
             *(arg for name, url in targets.items() for arg in ("--broker", f"{name}={url}")),
             *RELAY_OPTIONS,
         ]  # fmt: skip
@@ -299,6 +316,10 @@ class Relays:
         self.procs.clear()
 
 
+def application_name(slot: int) -> str:
+    return f"chaos-relay{slot}"
+
+
 async def _bounded(what: str, step: Coroutine[Any, Any, object], seconds: float = 15.0) -> None:
     try:
         async with asyncio.timeout(seconds):
@@ -318,7 +339,9 @@ class ChaosWorld:
         self.table = "chaos_outbox"
         self.database: ChaosDatabase = DATABASES[combination.database]()
         self.broker: ChaosBroker = BROKERS[combination.broker]()
-        self.outbox = Outbox(table=self.table)
+        self.outbox: Outbox | LogOutbox = (
+            LogOutbox(table=self.table) if self.database.log else Outbox(table=self.table)
+        )
         self.relays = Relays(self, workdir)
         self.faults: list[Fault] = []
         self.effects_applied = 0
@@ -338,6 +361,8 @@ class ChaosWorld:
         await asyncio.to_thread(self.database.start)
         await self.broker.start()
         await migrate(self.database.url, table=self.table)
+        if self.database.log:  # as `relaybox migrate --log`: the slot before any writer
+            await create_slot(self.database.url, self.table)
         await migrate(self.database.url, kind="inbox")
         await asyncio.to_thread(self.database.run, ORDERS)
         await asyncio.to_thread(self.database.run, EFFECTS)
@@ -423,10 +448,35 @@ class ChaosWorld:
             self.faults.append(Fault(kind, started, time.monotonic() - began))
 
     async def kill_relay(self, rng: random.Random) -> None:
+        """SIGKILL one relay and start it again; in log mode every other kill, from the
+        first, hits the one streaming the slot (waiting a little for one to stream,
+        after a fault that stopped them all)."""
         slot = rng.choice(sorted(self.relays.procs))
+        if self.database.log:
+            hunting = self.relays.killed % 2 == 0
+            streaming = await self.streaming_relay(wait=5.0 if hunting else 0.0)
+            if streaming is not None and hunting:
+                slot = streaming
+            self.relays.stream_kills += slot == streaming
         async with self.fault("relay SIGKILL"):
             await asyncio.to_thread(self.relays.kill, slot)
         await self.start_relay(slot)
+
+    async def streaming_relay(self, wait: float = 0.0) -> int | None:
+        """Log mode: the slot of the relay streaming the table's replication slot
+        (None: none does, after `wait` seconds)."""
+        deadline = time.monotonic() + wait
+        while True:
+            found = await self._query(
+                "SELECT a.application_name FROM pg_replication_slots s "
+                "JOIN pg_stat_activity a ON a.pid = s.active_pid "
+                f"WHERE s.slot_name = '{log_slot(self.table)}'"
+            )
+            names = {application_name(slot): slot for slot in self.relays.procs}
+            streaming = next((names[name] for (name,) in found if name in names), None)
+            if streaming is not None or time.monotonic() >= deadline:
+                return streaming
+            await asyncio.sleep(0.2)
 
     async def restart_broker(self, down: float = 1.0) -> None:
         async with self.fault("broker restart"):
@@ -482,9 +532,23 @@ class ChaosWorld:
 
     async def drained(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
+        if self.database.log:
+            await self._stream_settled(deadline, timeout)
         while await self.live_rows():
             if time.monotonic() > deadline:
                 raise AssertionError(f"the outbox did not drain within {timeout:g} s")
+            await asyncio.sleep(0.5)
+
+    async def _stream_settled(self, deadline: float, timeout: float) -> None:
+        """Log mode: wait until the slot's confirmed position passes a mark put into
+        the WAL now (a message of another prefix, which the relays skip): every
+        message committed before it was then published or written to the table."""
+        ((mark,),) = await self._query(
+            "SELECT pg_logical_emit_message(false, 'chaos-mark', '')::text"
+        )
+        while (await confirmed_position(self.database.url, self.table) or 0) < parse_lsn(mark):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the slot did not pass {mark} within {timeout:g} s")
             await asyncio.sleep(0.5)
 
     async def finish(self, writers: Writers, timeout: float = 180.0) -> Outcome:

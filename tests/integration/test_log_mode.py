@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import logging
 import signal
 import sqlite3
 import subprocess
@@ -29,6 +30,7 @@ from relaybox.core.log_records import decode_rows, log_slot, parse_lsn
 from relaybox.observability.snapshot import snapshot
 from relaybox.publishers.memory import MemoryPublisher
 from relaybox.relay import log_stream
+from relaybox.relay.engine import RECONNECT
 from relaybox.relay.log_stream import LogRelay
 from relaybox.storage import pg_log
 from relaybox.storage.pg_log import (
@@ -313,6 +315,58 @@ async def test_the_stream_comes_back_after_its_connection_is_killed(
         await eventually(lambda: streamer.metrics.sessions == 2)
         await eventually(lambda: numbers(publisher, "k")[-2:] == [1, 2])
         assert set(numbers(publisher, "k")) == {0, 1, 2}
+
+
+async def test_each_lost_stream_starts_the_reconnect_pauses_over(
+    logical_pg: str, table: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stream lost after it streamed is a first failure: the pause before the next
+    attempt is the schedule's first, however many streams the relay lost before (they
+    must not add up, over a relay's life, to the schedule's longest pause)."""
+    caplog.set_level(logging.WARNING, logger=log_stream.__name__)
+    async with log_relay(logical_pg, table, MemoryPublisher()) as relay:
+        streamer = relay.streamers[0]
+        for session in (1, 2, 3):
+            await eventually(
+                lambda n=session: streamer.streaming and streamer.metrics.sessions == n,
+                timeout=30,
+            )
+            terminate_stream(logical_pg, table)
+        await eventually(lambda: streamer.metrics.sessions == 4, timeout=30)
+    pauses = [r.args[-1] for r in caplog.records if "log stream failed" in str(r.msg)]
+    first = RECONNECT.nominal_delay(1) * (1 + RECONNECT.jitter)
+    assert len(pauses) == 3
+    assert all(pause <= first for pause in pauses), pauses
+
+
+async def test_after_the_server_dropped_every_connection_the_stream_fails_once(
+    logical_pg: str, table: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that restarts drops the stream and the connection the streamer reads
+    the table's keys on; the next session reads them on a new connection, rather
+    than failing on the dropped one and pausing once more."""
+    caplog.set_level(logging.WARNING, logger=log_stream.__name__)
+    async with log_relay(logical_pg, table, MemoryPublisher()) as relay:
+        streamer = relay.streamers[0]
+        await eventually(lambda: streamer.streaming)
+        with psycopg.connect(logical_pg, autocommit=True) as connection:
+            connection.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE pid <> pg_backend_pid() AND backend_type IN ('client backend', 'walsender')"
+            )
+        await eventually(lambda: streamer.streaming and streamer.metrics.sessions >= 2)
+    failures = [r.getMessage() for r in caplog.records if "log stream failed" in str(r.msg)]
+    assert len(failures) == 1, failures
+
+
+def terminate_stream(url: str, table: str) -> None:
+    """End the server's side of the slot's stream, as a lost connection would."""
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (log_slot(table),),
+        )
 
 
 async def test_a_surprise_in_the_stream_does_not_end_it(

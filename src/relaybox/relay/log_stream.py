@@ -209,17 +209,18 @@ class LogStreamer:
                         logger.info("%s: the slot is streamed by another relay; standing by",
                                     self.name, extra={"action": "log_standby"})  # fmt: skip
                     self.standing_by = True
+                    failures = 0  # the server answered: a later failure is a first one
                     delay = STANDBY_INTERVAL
                 else:
                     self.last_error = str(error)
-                    failures += 1
+                    failures = self._failed(failures)
                     delay = RECONNECT.delay(failures)
                     level = logging.WARNING if isinstance(error, StorageError) else logging.ERROR
                     logger.log(level, "%s: log stream failed (%s); again in %.1f s",
                                self.name, error, delay, extra={"action": "log_stream"})  # fmt: skip
             except Exception as error:  # the stream must outlive a surprise: logged, retried
                 self.last_error = f"{type(error).__name__}: {error}"
-                failures += 1
+                failures = self._failed(failures)
                 delay = RECONNECT.delay(failures)
                 logger.exception("%s: log stream failed; again in %.1f s", self.name, delay,
                                  extra={"action": "log_stream"})  # fmt: skip
@@ -227,6 +228,13 @@ class LogStreamer:
                 self.streaming = False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
+
+    def _failed(self, failures: int) -> int:
+        """The failures in a row, counting the one that just ended a session. A
+        session that streamed ended the run before it, so losing it is a first
+        failure: the pauses start over from the shortest, rather than growing with
+        every connection the relay ever lost until each loss costs the longest."""
+        return 1 if self.streaming else failures + 1
 
     async def _session(self) -> None:
         if self._table is None:
@@ -244,7 +252,7 @@ class LogStreamer:
         try:
             # Rows an earlier streamer wrote may still wait in the table: their keys'
             # messages must follow them.
-            self._blocked = await table.live_keys()
+            self._blocked = await _live_keys(table)
             self.streaming, self.standing_by, self.last_error = True, False, None
             logger.info("%s: streaming %s", self.name, self.table, extra={"action": "log_stream"})
             beat = asyncio.create_task(_keep_alive(stream), name=f"relay-log-beat-{self.name}")
@@ -373,6 +381,17 @@ class LogStreamer:
                     await asyncio.wait_for(self._stopping.wait(), delay)
                 if self._stopping.is_set():
                     raise
+
+
+async def _live_keys(table: LogTable) -> set[Pair]:
+    """Every key with a row in the table, asked twice if the first answer is a lost
+    connection: the table's connection outlives the stream's sessions, and when the
+    server dropped both (a restart), the first use of the old one is what finds out
+    (the storage then drops it, and the second asking opens a new one)."""
+    try:
+        return await table.live_keys()
+    except StorageOperationalError:
+        return await table.live_keys()
 
 
 async def _keep_alive(stream: LogStream) -> None:
