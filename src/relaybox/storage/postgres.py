@@ -169,9 +169,12 @@ _INTEGRITY_ERRORS = frozenset({
     "IntegrityError", "IntegrityConstraintViolationError", "UniqueViolationError",
     "ForeignKeyViolationError", "NotNullViolationError", "CheckViolationError",
 })  # fmt: skip
+#: InternalClientError: asyncpg found its protocol mid-way through another operation
+#: ("cannot switch to state ..."), as a connection cut or cancelled mid-statement can
+#: leave it; only a new connection gets past it, so it is operational: dropped.
 _ASYNCPG_TRANSIENT = frozenset({
-    "InterfaceError", "DeadlockDetectedError", "SerializationError", "CannotConnectNowError",
-    "AdminShutdownError", "QueryCanceledError",
+    "InterfaceError", "InternalClientError", "DeadlockDetectedError", "SerializationError",
+    "CannotConnectNowError", "AdminShutdownError", "QueryCanceledError",
 })  # fmt: skip
 #: undefined_table, undefined_function: the schema is missing or older than the code.
 _SCHEMA_STATES = frozenset({"42P01", "42883"})
