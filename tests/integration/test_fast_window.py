@@ -109,8 +109,10 @@ async def test_without_a_window_a_notify_earns_one_read(pg_db: OutboxDB) -> None
 
 async def test_found_rows_open_the_window_where_there_is_no_notify(sqlite_db: OutboxDB) -> None:
     publisher = MemoryPublisher()
+    # Written before the relay starts, so that its first read finds it: written after,
+    # it would wait for the idle poll, a minute away.
+    await sqlite_db.write(messages(["k"], per_key=1))
     async with relay_of(sqlite_db, publisher, fast_poll_window=IDLE_POLL) as relay:
-        await sqlite_db.write(messages(["k"], per_key=1))
         await eventually(lambda: len(publisher.published) == 1, timeout=IDLE_POLL / 3)
         processor = relay.processors[0]
         assert processor.polling_fast
