@@ -33,6 +33,7 @@ from psycopg import sql as pgsql
 from relaybox import sql
 from relaybox.migrations import migrate
 from relaybox.storage.postgres import SESSION_SETTINGS
+from relaybox.storage.urls import DatabaseUrl
 from tests.databases import PG_URL, drop, unique_table
 
 ROWS = 100_000
@@ -244,3 +245,42 @@ def test_the_settle_reads_the_held_partitions_once(
     scans = [n for n in _nodes(plan) if n.get("Relation Name", "").endswith("_partitions")]
     assert [n["Actual Loops"] for n in scans] == [1], json.dumps(plan, indent=1)
     assert any(n.get("Filter", "").find("hashed SubPlan") >= 0 for n in _nodes(plan))
+
+
+def test_the_counts_read_the_whole_table_with_a_hash_not_a_sort() -> None:
+    """The counts read every live row, which no index serves. With sequential scans off
+    every plan costs alike and the planner took a sort; the counts' own transaction
+    turns them back on (`stats_scope`, which `PostgresStorage.stats` runs first)."""
+    table = unique_table("counts")
+    import asyncio
+
+    asyncio.run(migrate(PG_URL, table=table))
+    try:
+        _fill(table)
+        queries = sql.queries("postgresql", table)
+        with _connect() as conn:
+            explain = f"EXPLAIN (FORMAT JSON) {queries['count_by_status']}"
+            with conn.transaction(force_rollback=True):
+                conn.execute(queries["stats_scope"])
+                ((scoped,),) = conn.execute(explain).fetchall()
+        kinds = [node.get("Strategy") for node in _nodes(scoped[0]["Plan"])]
+        assert "Hashed" in kinds, json.dumps(scoped, indent=1)
+    finally:
+        drop(PG_URL, table)
+
+
+async def test_the_storage_reads_the_counts_in_their_scope() -> None:
+    from tests.integration.test_postgres_heartbeat import _CountedStorage
+
+    table = unique_table("counts")
+    await migrate(PG_URL, table=table)
+    storage = _CountedStorage(DatabaseUrl.parse(PG_URL), table=table)
+    try:
+        await storage.stats()
+        assert storage.names() == [
+            "BEGIN", "stats_scope", "count_by_status", "oldest_pending_age",
+            "active_leases", "live_by_target", "COMMIT",
+        ]  # fmt: skip
+    finally:
+        await storage.close()
+        drop(PG_URL, table)

@@ -470,8 +470,16 @@ class SqlStorage(abc.ABC):
         rows = await self._fetch("abandoned", before, target, check_listing(limit))
         return [decode_abandoned(row) for row in rows]
 
+    #: A named query run first in the counts' own transaction (PostgreSQL: the
+    #: planner settings those whole-table reads need, see postgres.py).
+    _STATS_SCOPE: ClassVar[str | None] = None
+
     async def stats(self) -> OutboxStats:
+        scope = self._STATS_SCOPE
+
         async def read(session: Session) -> OutboxStats:
+            if scope is not None:
+                await session.execute(scope)
             counts = await session.fetch("count_by_status")
             age = await session.one("oldest_pending_age")
             leases = await session.one("active_leases")
@@ -483,7 +491,7 @@ class SqlStorage(abc.ABC):
                 live_by_target={str(target): int(n) for target, n in targets},
             )
 
-        return await self._run(read)
+        return await self._run(read, atomic=scope is not None)
 
 
 def assignment(

@@ -387,6 +387,11 @@ WHERE abandoned_at IS NOT NULL AND status = 'abandoned'
 ORDER BY seq DESC
 LIMIT $3::integer;
 
+-- name: stats_scope
+-- First in the counts' transaction: they read every live row, which no index serves,
+-- and the relay's sessions run with sequential scans off (storage/postgres.py).
+SET LOCAL enable_seqscan = on;
+
 -- name: count_by_status
 SELECT status::text, count(*) FROM (
     SELECT status FROM {table} UNION ALL SELECT status FROM {table}_done) AS rows
