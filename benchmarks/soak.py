@@ -85,9 +85,8 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PG_URL, cpu_seconds, machine
 
-from relaybox import Message, Outbox
+from relaybox import Message, Outbox, sql
 from relaybox.consumers.nats import decode
-from relaybox.core.identifiers import index_prefix
 from relaybox.migrations import migrate
 from relaybox.tools.bench import SIDE_TABLES, percentiles
 from relaybox.tools.embedded_nats import EmbeddedNats
@@ -335,8 +334,8 @@ def drop_tables(db_url: str, table: str) -> None:
     names = ", ".join([table, *(f"{table}_{suffix}" for suffix in SIDE_TABLES)])
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {names}")
-        for function in ("claim", "read_past", "within"):
-            conn.execute(f"DROP FUNCTION IF EXISTS {index_prefix(table)}_{function}")
+        for function in sql.functions("postgresql", table):
+            conn.execute(f"DROP FUNCTION IF EXISTS {function}")
 
 
 # -- the run --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pymysql
 
-from relaybox.core.identifiers import index_prefix
+from relaybox import sql
 from relaybox.migrations import migrate
 
 PG_URL = os.environ.get("RELAYBOX_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -21,8 +21,6 @@ SIDE_TABLES = (
     "_migrations", "_key_locks", "_members", "_partitions", "_watermarks", "_done", "_parked",
     "_attempts",
 )  # fmt: skip
-#: Functions the PostgreSQL migrations create for a table, by suffix of its prefix.
-_PG_FUNCTIONS = ("_claim", "_heartbeat", "_read_past", "_within")
 
 
 def unique_table(stem: str = "rbx") -> str:
@@ -46,8 +44,8 @@ def drop(url: str, table: str) -> None:
         ) as conn:
             for name in tables:
                 conn.execute(f"DROP TABLE IF EXISTS {name}")
-            for function in _PG_FUNCTIONS:
-                conn.execute(f"DROP FUNCTION IF EXISTS {index_prefix(table)}{function}")
+            for function in sql.functions("postgresql", table):
+                conn.execute(f"DROP FUNCTION IF EXISTS {function}")
             conn.execute(f"DROP TYPE IF EXISTS {table}_status")
     elif url.startswith("mysql"):
         conn = pymysql.connect(

@@ -52,6 +52,15 @@ def _pg_tables(stem: str) -> list[str]:
         return [name for (name,) in found]
 
 
+def _pg_functions(stem: str) -> list[str]:
+    """Functions the migrations made for tables named from `stem` (their prefix)."""
+    import psycopg
+
+    with psycopg.connect(PG_BENCH_URL.replace("postgresql", "postgres"), autocommit=True) as conn:
+        found = conn.execute("SELECT proname FROM pg_proc WHERE proname LIKE %s", [stem + "%"])
+        return [name for (name,) in found]
+
+
 def test_bench_runs_relay_processes_cold_and_warm_watching_their_stream() -> None:
     table = f"bench_cross_{uuid.uuid4().hex[:8]}"
     args = ["bench", "--db", PG_BENCH_URL, "--broker", REDIS_URL, "--messages", "300",
@@ -101,6 +110,7 @@ def test_bench_times_relay_processes_publishing_nowhere_to_the_last_settle() -> 
         assert drain["relay_exit_codes"] == [0]
     assert report["paced"] is None
     assert _pg_tables(table) == []
+    assert _pg_functions(table) == []  # the heartbeat, claim and read functions too
 
 
 def test_cold_bench_drains_a_never_analyzed_table_in_process() -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -52,6 +53,14 @@ def test_every_dialect_has_the_queries_the_code_uses(dialect: sql.Dialect) -> No
     ) <= names
     assert sql.migrations(dialect, "t")[0][0] == 1
     assert "CREATE TABLE" in sql.schema(dialect, "my_outbox")
+
+
+def test_the_functions_a_table_brings_are_read_off_its_schema() -> None:
+    found = sql.functions("postgresql", "my_outbox")
+    assert sorted(found) == sorted(re.findall(r"FUNCTION (my_outbox_\w+)\(", sql.schema(
+        "postgresql", "my_outbox")))  # fmt: skip
+    assert {"my_outbox_claim", "my_outbox_heartbeat", "my_outbox_read_past"} <= set(found)
+    assert sql.functions("sqlite", "my_outbox") == sql.functions("mysql", "my_outbox") == []
 
 
 def test_rows_one_per_target_with_stable_partitions() -> None:

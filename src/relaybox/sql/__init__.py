@@ -70,6 +70,15 @@ def schema(dialect: Dialect, table: str, kind: Kind = "outbox") -> str:
     return render(_read(dialect, "schema.sql", kind), table, dialect)
 
 
+_FUNCTION = re.compile(r"^CREATE (?:OR REPLACE )?FUNCTION ([\w.]+)\(", re.MULTILINE)
+
+
+def functions(dialect: Dialect, table: str, kind: Kind = "outbox") -> list[str]:
+    """The functions the schema of `dialect` creates for `table` (PostgreSQL's; none
+    elsewhere): what dropping a table's objects must drop besides its tables."""
+    return _FUNCTION.findall(schema(dialect, table, kind))
+
+
 def migrations(dialect: Dialect, table: str, kind: Kind = "outbox") -> list[tuple[int, str, str]]:
     """(version, name, rendered SQL) for every migration of `dialect`, in order."""
     folder = _folder(dialect, kind).joinpath("migrations")

@@ -46,7 +46,8 @@ from typing import Any, Protocol
 
 import click
 
-from relaybox.core.identifiers import index_prefix, validate_table_name
+from relaybox import sql
+from relaybox.core.identifiers import validate_table_name
 from relaybox.core.message import DEFAULT_TARGET, Message
 from relaybox.core.payload import encode_payload
 from relaybox.core.records import Routing
@@ -299,8 +300,8 @@ class PostgresAdmin:
 
     async def drop(self, table: str) -> None:
         await self._in_database(f"DROP TABLE IF EXISTS {', '.join(_side_tables(table))}")
-        for function in ("claim", "read_past", "within"):
-            await self._in_database(f"DROP FUNCTION IF EXISTS {index_prefix(table)}_{function}")
+        for function in sql.functions("postgresql", table):
+            await self._in_database(f"DROP FUNCTION IF EXISTS {function}")
         await self._in_database(f"DROP TYPE IF EXISTS {table}_status")
 
     async def close(self) -> None:
