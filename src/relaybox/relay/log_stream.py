@@ -337,29 +337,28 @@ class LogStreamer:
         if not blocked:
             return
         asked = {(row[1], key) for row in rows if (key := row[4]) is not None} & blocked
-        if not asked:
-            return
-        try:
-            live = await table.live_keys(sorted(asked))
-        except StorageError as error:  # they stay blocked: the safe side
-            logger.warning("%s: reading the table's keys failed: %s", self.name, error,
-                           extra={"action": "log_keys"})  # fmt: skip
-            return
-        blocked -= asked - live
+        if asked:
+            await self._unblock(sorted(asked), table)
 
     async def _prune(self, table: LogTable) -> None:
         """Forget the blocked keys that have no row in the table any more."""
         self._prune_at = time.monotonic() + PRUNE_INTERVAL
         pairs = sorted(self._blocked)
         for start in range(0, len(pairs), PRUNE_CHUNK):
-            chunk = pairs[start : start + PRUNE_CHUNK]
-            try:
-                live = await table.live_keys(chunk)
-            except StorageError as error:
-                logger.warning("%s: reading the table's keys failed: %s", self.name, error,
-                               extra={"action": "log_keys"})  # fmt: skip
+            if not await self._unblock(pairs[start : start + PRUNE_CHUNK], table):
                 return
-            self._blocked -= set(chunk) - live
+
+    async def _unblock(self, pairs: list[Pair], table: LogTable) -> bool:
+        """Free those of the blocked `pairs` that have no row in the table any more;
+        False if the table could not be read (they stay blocked: the safe side)."""
+        try:
+            live = await table.live_keys(pairs)
+        except StorageError as error:
+            logger.warning("%s: reading the table's keys failed: %s", self.name, error,
+                           extra={"action": "log_keys"})  # fmt: skip
+            return False
+        self._blocked -= set(pairs) - live
+        return True
 
     async def _write(self, rows: list[InsertRow], table: LogTable) -> None:
         """Insert `rows`, trying again until it works: the slot cannot move past them
