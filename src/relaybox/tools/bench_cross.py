@@ -324,6 +324,10 @@ class DrainClock:
     def since(self) -> float:
         return time.perf_counter() - self.started
 
+    def note_running(self) -> None:
+        if self.running_at is None:
+            self.running_at = self.since()
+
     async def tick(self, confirmed: int, start: asyncio.Task[None]) -> None:
         """Note the first confirm, the relays running, and who holds the partitions."""
         now = self.since()
@@ -408,10 +412,13 @@ async def drain(
                 seconds, usage = clock.since(), cpu.usage()
                 settled = await clock.until_settled(processes)
             else:
+                # When the relays printed that they run, noted as it happens: a short
+                # drain is settled before they all have.
+                start = asyncio.create_task(processes.running())
+                start.add_done_callback(lambda _: clock.note_running())
                 settled = await clock.until_settled(processes)
                 seconds, usage = settled, cpu.usage()
-                await processes.running()
-                clock.running_at = clock.running_at or clock.since()
+                await start
             lsn = await pg.wal_lsn() if pg is not None else 0
             relay_cpu = [r.cpu_seconds() for r in processes.relays]
             codes = await processes.stop()
