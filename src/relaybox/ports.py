@@ -3,7 +3,8 @@
 Storage is split by job, so that each user of a table sees only what it needs: a relay
 that holds partition leases (`PartitionStorage`), a relay that leases each row
 (`RowLeaseStorage`), an operator (`OperatorStorage`), and tools that write rows of their
-own (`TableWriter`). Every backend serves all four, and one conformance suite
+own (`TableWriter`), and the operator's console (`InspectionStorage`). Every backend
+serves all five, and one conformance suite
 (tests/conformance) holds every backend, the in-memory one included, to them. The relay
 engine never imports a database driver.
 """
@@ -13,6 +14,13 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Protocol, runtime_checkable
 
+from relaybox.core.inspection import (
+    AuditRecord,
+    Change,
+    MessageDetail,
+    MessageFilter,
+    MessageSummary,
+)
 from relaybox.core.message import DEFAULT_TARGET
 from relaybox.core.partitions import DEFAULT_PARTITIONS
 from relaybox.core.publishing import PublisherFeatures, PublishResult
@@ -167,9 +175,11 @@ class OperatorStorage(Storage, Protocol):
         """Abandoned rows, newest (highest seq) first: up to `limit` of those with a
         seq below `before` (None: from the newest), of `target` (None: any)."""
 
-    async def replay(self, seqs: Sequence[int]) -> int:
-        """Abandoned rows become pending with a fresh attempt count, under their own
-        seq (so a key's order holds when its rows are replayed oldest first)."""
+    async def replay(self, seqs: Sequence[int], change: Change | None = None) -> int:
+        """Abandoned rows, and held ones, become pending with a fresh attempt count,
+        due now, under their own seq (so a key's order holds when its rows are replayed
+        oldest first). With `change`, each row replayed gets an audit record in the same
+        transaction."""
 
     async def purge(
         self,
@@ -179,6 +189,51 @@ class OperatorStorage(Storage, Protocol):
         batch_size: int = 500,
     ) -> int:
         """Delete finished rows past their retention, in batches of `batch_size`."""
+
+
+@runtime_checkable
+class InspectionStorage(Storage, Protocol):
+    """What the operator's console needs: find any message, live or finished, read it
+    whole, and change rows one by one with an audit record of who did it and why.
+
+    Every change takes seqs an earlier search found, checks in the same statement that
+    each row is still in a state the change applies to (a row that moved on is left
+    alone and not counted), and writes one audit record per row changed, in the same
+    transaction."""
+
+    async def search(
+        self,
+        where: MessageFilter,
+        *,
+        limit: int,
+        after: int | None = None,
+        newest_first: bool = True,
+    ) -> list[MessageSummary]:
+        """Up to `limit` messages matching `where`, live and finished, in seq order
+        (descending with `newest_first`), starting past the seq `after` (below it when
+        newest first, above it otherwise; None: from the start)."""
+
+    async def message(self, seq: int) -> MessageDetail | None:
+        """The message with this seq, live or finished; None if there is none."""
+
+    async def discard(self, seqs: Sequence[int], change: Change) -> int:
+        """Delete these rows, live or finished, except rows in flight (leased under a
+        row lease that has not run out)."""
+
+    async def reschedule(self, seqs: Sequence[int], *, delay: float, change: Change) -> int:
+        """Make these live rows (pending, delayed or retrying; not in flight, not
+        held) due `delay` seconds from now (0: now). Audited as a delay, or with 0 as
+        an expedite."""
+
+    async def hold(self, seqs: Sequence[int], change: Change) -> int:
+        """Hold these live rows (not in flight): the relay leaves them, and the later
+        rows of their (target, key), until they are released, replayed or discarded."""
+
+    async def release(self, seqs: Sequence[int], change: Change) -> int:
+        """Held rows become due now with a fresh attempt count."""
+
+    async def audit(self, *, limit: int, before: int | None = None) -> list[AuditRecord]:
+        """Audit records, newest first: up to `limit` with an id below `before`."""
 
 
 @runtime_checkable
