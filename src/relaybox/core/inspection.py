@@ -28,6 +28,11 @@ from relaybox.errors import ConfigurationError
 MAX_SEQ = 2**63 - 1
 #: The most rows one search page returns.
 MAX_PAGE = 1000
+#: A held row stays live, but is due at this time: every read treats it as a row that
+#: waits, so the later rows of its key wait behind it, on every database, through the
+#: same rule that holds a key behind a backoff. An operator's release, replay or
+#: discard ends the hold. (Every database's date range reaches it.)
+HELD_UNTIL = datetime.datetime(9999, 12, 31, tzinfo=datetime.UTC)
 
 
 class MessageState(enum.StrEnum):
