@@ -20,6 +20,7 @@ from relaybox.core.inspection import (
     MessageDetail,
     MessageFilter,
     MessageSummary,
+    RelayMember,
 )
 from relaybox.core.message import DEFAULT_TARGET
 from relaybox.core.partitions import DEFAULT_PARTITIONS
@@ -180,6 +181,10 @@ class OperatorStorage(Storage, Protocol):
         due now, under their own seq (so a key's order holds when its rows are replayed
         oldest first). With `change`, each row replayed gets an audit record in the same
         transaction."""
+
+    async def relays(self) -> list[RelayMember]:
+        """The live relays (memberships within their lease) by target, with the
+        partitions each holds."""
 
     async def purge(
         self,

@@ -180,3 +180,15 @@ class Change:
             raise ConfigurationError("an actor's name is at most 200 characters")
         if self.reason is not None and len(self.reason) > 2000:
             raise ConfigurationError("a reason is at most 2000 characters")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RelayMember:
+    """A live relay as its membership shows it: which target it serves, since when,
+    until when its lease runs, and the partitions of that target it holds."""
+
+    worker: str
+    target: str
+    joined_at: datetime.datetime
+    lease_until: datetime.datetime
+    partitions: tuple[int, ...]

@@ -27,6 +27,7 @@ from relaybox.core.inspection import (
     MessageFilter,
     MessageState,
     MessageSummary,
+    RelayMember,
 )
 from relaybox.core.records import OutboxStats
 from relaybox.errors import ConfigurationError
@@ -151,6 +152,9 @@ class Operations:
 
     async def stats(self) -> OutboxStats:
         return await self.storage.stats()
+
+    async def relays(self) -> list[RelayMember]:
+        return await self.storage.relays()
 
     async def search(
         self,

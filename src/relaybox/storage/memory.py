@@ -33,6 +33,7 @@ from relaybox.core.inspection import (
     MessageFilter,
     MessageState,
     MessageSummary,
+    RelayMember,
 )
 from relaybox.core.lifecycle import LIVE_STATES, Status
 from relaybox.core.message import DEFAULT_TARGET
@@ -145,6 +146,7 @@ class MemoryStorage:
         self._seqs = itertools.count(1)
         self._rows: dict[int, _Row] = {}  # insertion order is seq order
         self._members: dict[tuple[str, str], float] = {}  # (worker, target) -> lease_until
+        self._joined: dict[tuple[str, str], float] = {}  # (worker, target) -> joined at
         #: (target, partition) -> (owner, lease_until)
         self._owners: dict[tuple[str, int], tuple[str, float]] = {}
         self._lock = threading.Lock()
@@ -575,6 +577,20 @@ class MemoryStorage:
             live_by_target=dict(targets),
         )  # fmt: skip
 
+    async def relays(self) -> list[RelayMember]:
+        with self._lock:
+            now = self._clock()
+            members = sorted(
+                (t, w, until) for (w, t), until in self._members.items() if until > now
+            )
+            found = []
+            for target, worker, until in members:
+                held = sorted(p for (t, p), (owner, lease) in self._owners.items()
+                              if t == target and owner == worker and lease > now)  # fmt: skip
+                joined = _utc(self._joined.get((worker, target), now))
+                found.append(RelayMember(worker, target, joined, _utc(until), tuple(held)))
+        return found
+
     async def heartbeat(
         self,
         worker: str,
@@ -607,6 +623,8 @@ class MemoryStorage:
         """End dead memberships, renew `worker`'s of `target`; how many live ones serve
         `target`. Call under the lock."""
         self._members = {m: t for m, t in self._members.items() if t > now}
+        self._joined = {m: t for m, t in self._joined.items() if m in self._members}
+        self._joined.setdefault((worker, target), now)
         self._members[worker, target] = until
         return sum(1 for (_, t) in self._members if t == target)
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from relaybox.core.inspection import RelayMember
 from relaybox.core.records import AbandonedMessage, StoredMessage
 
 #: The column order every backend's claim returns (PostgreSQL's read adds `blocked`).
@@ -151,3 +152,21 @@ def check_listing(limit: int) -> int:
     if limit < 0:
         raise ValueError("limit must not be negative")
     return int(limit)
+
+
+def relay_members(
+    members: Sequence[Sequence[Any]], owned: Sequence[Sequence[Any]]
+) -> list[RelayMember]:
+    """The rows of `relay_members` (worker, target, joined_at, lease_until) with the
+    partitions `relay_partitions` (target, owner, partition) gives each."""
+    held: dict[tuple[str, str], list[int]] = {}
+    for target, owner, partition in owned:
+        held.setdefault((str(target), str(owner)), []).append(int(partition))
+    return [
+        RelayMember(
+            worker=str(worker), target=str(target), joined_at=as_utc(joined_at),
+            lease_until=as_utc(lease_until),
+            partitions=tuple(sorted(held.get((str(target), str(worker)), ()))),
+        )
+        for worker, target, joined_at, lease_until in members
+    ]  # fmt: skip

@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
+from relaybox.core.inspection import RelayMember
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import DEFAULT_TARGET
 from relaybox.core.partitions import (
@@ -52,7 +53,7 @@ from relaybox.core.urls import without_secrets
 from relaybox.errors import SchemaError, StorageError, StorageOperationalError
 from relaybox.sql.inserts import inserts
 from relaybox.sql.params import native_style
-from relaybox.storage.rows import check_listing, decode_abandoned, lease_token
+from relaybox.storage.rows import check_listing, decode_abandoned, lease_token, relay_members
 from relaybox.storage.urls import DatabaseUrl
 
 logger = logging.getLogger(__name__)
@@ -469,6 +470,14 @@ class SqlStorage(abc.ABC):
     ) -> list[AbandonedMessage]:
         rows = await self._fetch("abandoned", before, target, check_listing(limit))
         return [decode_abandoned(row) for row in rows]
+
+    async def relays(self) -> list[RelayMember]:
+        async def read(session: Session) -> list[RelayMember]:
+            members = await session.fetch("relay_members")
+            owned = await session.fetch("relay_partitions")
+            return relay_members(members, owned)
+
+        return await self._run(read, atomic=True)
 
     #: A named query run first in the counts' own transaction (PostgreSQL: the
     #: planner settings those whole-table reads need, see postgres.py).
