@@ -19,8 +19,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import json
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
 from relaybox.errors import ConfigurationError
 
@@ -92,6 +94,39 @@ class MessageFilter:
     def empty(self) -> bool:
         """True when the filter matches every message."""
         return self == MessageFilter()
+
+    def to_json(self) -> str:
+        """The filter as JSON text, as a backfill job keeps it."""
+        found: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is None or value == frozenset():
+                continue
+            if field.name == "states":
+                value = sorted(state.value for state in value)
+            elif isinstance(value, datetime.datetime):
+                value = value.isoformat()
+            elif isinstance(value, uuid.UUID):
+                value = str(value)
+            found[field.name] = value
+        return json.dumps(found, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> MessageFilter:
+        try:
+            found = json.loads(text)
+            if not isinstance(found, dict):
+                raise TypeError("not an object")
+            if "states" in found:
+                found["states"] = frozenset(MessageState(s) for s in found["states"])
+            for name in ("since", "until"):
+                if name in found:
+                    found[name] = datetime.datetime.fromisoformat(found[name])
+            if "id" in found:
+                found["id"] = uuid.UUID(found["id"])
+            return cls(**found)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"not a stored message filter: {exc}") from exc
 
     @property
     def wants_live(self) -> bool:
@@ -192,3 +227,22 @@ class RelayMember:
     joined_at: datetime.datetime
     lease_until: datetime.datetime
     partitions: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackfillJob:
+    """A backfill: retained messages of `source` copied, in seq order, as new messages
+    to `target`. `cursor` is the seq of the last source message copied (0: none yet);
+    it moves in the transaction that writes the copies, so a backfill stopped at any
+    point goes on from there and copies each message once."""
+
+    name: str
+    source: MessageFilter
+    target: str
+    external: bool
+    cursor: int
+    copied: int
+    actor: str
+    reason: str | None
+    created_at: datetime.datetime
+    finished_at: datetime.datetime | None

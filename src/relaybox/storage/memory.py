@@ -28,6 +28,7 @@ from relaybox.core.inspection import (
     HELD_UNTIL,
     AuditAction,
     AuditRecord,
+    BackfillJob,
     Change,
     MessageDetail,
     MessageFilter,
@@ -151,6 +152,7 @@ class MemoryStorage:
         self._owners: dict[tuple[str, int], tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._audit: list[AuditRecord] = []
+        self._backfills: dict[str, BackfillJob] = {}
         self._audit_ids = itertools.count(1)
 
     def insert(self, rows: Sequence[InsertRow]) -> list[int]:
@@ -549,6 +551,41 @@ class MemoryStorage:
         with self._lock:
             found = [r for r in reversed(self._audit) if before is None or r.id < before]
         return found[:limit]
+
+    async def backfill_job(self, name: str) -> BackfillJob | None:
+        with self._lock:
+            return self._backfills.get(name)
+
+    async def backfill_begin(
+        self, name: str, *, source: MessageFilter, target: str, external: bool, change: Change
+    ) -> BackfillJob:
+        with self._lock:
+            if name not in self._backfills:
+                self._backfills[name] = BackfillJob(
+                    name, source, target, external, 0, 0, change.actor, change.reason,
+                    _utc(self._clock()), None,
+                )  # fmt: skip
+            return self._backfills[name]
+
+    async def backfill_copy(
+        self, name: str, rows: Sequence[InsertRow], *, cursor: int, finished: bool
+    ) -> bool:
+        for row in rows:
+            _check(row)
+        with self._lock:
+            job = self._backfills.get(name)
+            if job is None or job.finished_at is not None:
+                return False
+            if job.cursor >= cursor and (rows or not finished):
+                return False
+            now = self._clock()
+            created = [self._new_row(row, now) for row in rows]
+            self._rows.update((r.seq, r) for r in created)
+            self._backfills[name] = dataclasses.replace(
+                job, cursor=max(job.cursor, cursor), copied=job.copied + len(rows),
+                finished_at=_utc(now) if finished else None,
+            )  # fmt: skip
+        return True
 
     async def abandoned(
         self, *, limit: int, before: int | None = None, target: str | None = None
