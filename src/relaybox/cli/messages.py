@@ -223,30 +223,6 @@ def _describe(states: frozenset[MessageState]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
-def _progress() -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
-    """A progress bar on the terminal (rich, when installed), shown once the work turns
-    out to take more than one page."""
-    if not sys.stderr.isatty():
-        return None, lambda: None
-    try:
-        from rich.console import Console
-        from rich.progress import Progress
-    except ImportError:
-        return None, lambda: None
-    bar = Progress(console=Console(stderr=True), transient=True)
-    task = bar.add_task("working", total=None)
-    shown = False
-
-    def update(done: int, total: int) -> None:
-        nonlocal shown
-        if not shown and total > 500:
-            bar.start()
-            shown = True
-        bar.update(task, completed=done, total=total)
-
-    return update, bar.stop
-
-
 def _print_plan(plan: Plan, table: str, *, dry_run: bool) -> None:
     verb = plan.action.value
     keys = [f"{target}/{key}" if key is not None else f"{target} (no key)"
@@ -334,7 +310,7 @@ async def _carry_out(
             _print_plan(plan, table, dry_run=True)
         if not click.confirm(f"{action.value.capitalize()} {plan.count} message(s)?"):
             raise output.Failure("nothing changed")
-    update, stop = _progress()
+    update, stop = output.progress()
     try:
         return await ops.apply(plan, change, delay=delay, progress=update)
     finally:
@@ -441,7 +417,7 @@ def backfill_command(
         raise click.UsageError(str(exc)) from exc
 
     async def run(ops: Operations) -> Any:
-        update, stop = _progress()
+        update, stop = output.progress()
         try:
             return await backfill(ops, name, where, target, change, rate=rate,
                                   dry_run=dry_run, progress=update)  # fmt: skip

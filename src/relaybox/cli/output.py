@@ -13,6 +13,8 @@ character escaped, which covers the same characters.
 from __future__ import annotations
 
 import json as _json
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -61,3 +63,27 @@ class Failure(click.ClickException):
 
     def format_message(self) -> str:
         return printable(self.message)
+
+
+def progress() -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
+    """A progress bar on the terminal (rich, when installed), shown once the work turns
+    out to take more than one page."""
+    if not sys.stderr.isatty():
+        return None, lambda: None
+    try:
+        from rich.console import Console
+        from rich.progress import Progress
+    except ImportError:
+        return None, lambda: None
+    bar = Progress(console=Console(stderr=True), transient=True)
+    task = bar.add_task("working", total=None)
+    shown = False
+
+    def update(done: int, total: int) -> None:
+        nonlocal shown
+        if not shown and total > 500:
+            bar.start()
+            shown = True
+        bar.update(task, completed=done, total=total)
+
+    return update, bar.stop
