@@ -142,3 +142,17 @@ async def test_a_hold_survives_a_late_failed_or_abandoned_settle(backend: Backen
     assert await backend.storage.settle("w1", published=[head.seq]) == Settled(published=1)
     stats = await backend.storage.stats()
     assert (stats.held, stats.held_keys) == (0, 0)
+
+
+async def test_a_held_key_s_long_backlog_hides_no_other_row(backend: Backend) -> None:
+    """Past the window of rows a read or a claim looks at first, the held key's rows
+    stay behind its head, and the rows of other keys are found."""
+    await hold_everything(backend)
+    await write(backend, *[msg("held") for _ in range(150)])
+    await write(backend, msg("good"), msg("good"), msg(None), msg("other"))
+    head, *_ = await backend.storage.read(limit=1)
+    await backend.storage.settle("w1", abandoned=[Failure(head.seq, "refused")], hold_keys=True)
+    found = await backend.storage.read(limit=4)
+    assert [m.key for m in found] == ["good", "good", None, "other"]
+    claim = await backend.storage.claim("w2", limit=10, lease_seconds=LEASE)
+    assert [m.key for m in claim.messages] == ["good", "good", None, "other"]
