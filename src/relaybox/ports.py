@@ -89,12 +89,19 @@ class PartitionStorage(Storage, Protocol):
         abandoned: Sequence[Failure] = (),
         published: Sequence[int] = (),
         delete: bool = True,
+        hold_keys: bool = False,
     ) -> Settled:
         """Record, atomically, what happened to rows `worker` read: count a failed
         attempt (due again after `retry_in`), abandon, publish (delete, or keep with
         `delete=False`). Only live rows in a partition of their target that `worker`
         holds are changed: one that lost a partition changes nothing there (the fence
-        of `read`)."""
+        of `read`).
+
+        With `hold_keys`, an abandoned row with a key is held instead (see
+        `relaybox.core.inspection.HELD_UNTIL`: live, failed, with its error and the
+        attempt counted), so the later rows of its (target, key) wait behind it; keyless
+        rows are abandoned still. A row held meanwhile stays held: neither a failure
+        nor an abandon changes it (a publish still does: the message went out)."""
 
     async def heartbeat(
         self,
@@ -151,10 +158,14 @@ class RowLeaseStorage(Storage, Protocol):
         """Record success for rows still held under `token`; others are left alone."""
 
     async def mark_failed(self, token: str, failures: Sequence[Failure]) -> int:
-        """Count a failed attempt and make each row due again after its `retry_in`."""
+        """Count a failed attempt and make each row due again after its `retry_in` (a
+        row held stays held)."""
 
-    async def abandon(self, token: str, failures: Sequence[Failure]) -> int:
-        """Give up on rows (max attempts or a permanent error), keeping the error."""
+    async def abandon(
+        self, token: str, failures: Sequence[Failure], *, hold_keys: bool = False
+    ) -> int:
+        """Give up on rows (max attempts or a permanent error), keeping the error; with
+        `hold_keys`, hold those with a key instead, as `PartitionStorage.settle` does."""
 
     async def release(self, token: str, seqs: Sequence[int]) -> int:
         """Hand rows back as pending without counting an attempt (shutdown, open circuit)."""
@@ -169,7 +180,8 @@ class OperatorStorage(Storage, Protocol):
     replay, and the purge of finished rows past their retention."""
 
     async def stats(self) -> OutboxStats:
-        """Counts by status, the age of the oldest due row, and active leases."""
+        """Counts by status (held rows apart), the held rows and keys, the age of the
+        oldest due row, and active leases."""
 
     async def abandoned(
         self, *, limit: int, before: int | None = None, target: str | None = None

@@ -36,7 +36,7 @@ def _failures(seqs: list[int]) -> list[Failure]:
 
 
 #: name -> the storage call that runs the statement (or the steps) of that name, on the
-#: oldest seqs, a batch of them.
+#: oldest seqs, a batch of them (`_holding`: with the hold-the-key policy on).
 CALLS: dict[str, Call] = {
     "read": lambda s, seqs: s.read(
         limit=len(seqs), partitions=range(PARTITIONS), partition_count=PARTITIONS,
@@ -47,6 +47,9 @@ CALLS: dict[str, Call] = {
     ),
     "abandon_owned": lambda s, seqs: s.settle(
         WORKER, partition_count=PARTITIONS, abandoned=_failures(seqs)
+    ),
+    "abandon_owned_holding": lambda s, seqs: s.settle(
+        WORKER, partition_count=PARTITIONS, abandoned=_failures(seqs), hold_keys=True
     ),
     "delete_owned": lambda s, seqs: s.settle(WORKER, partition_count=PARTITIONS, published=seqs),
     "publish_owned": lambda s, seqs: s.settle(
@@ -60,6 +63,7 @@ CALLS: dict[str, Call] = {
     "delete_published": lambda s, seqs: s.mark_published(TOKEN, seqs, delete=True),
     "mark_failed": lambda s, seqs: s.mark_failed(TOKEN, _failures(seqs)),
     "abandon": lambda s, seqs: s.abandon(TOKEN, _failures(seqs)),
+    "abandon_holding": lambda s, seqs: s.abandon(TOKEN, _failures(seqs), hold_keys=True),
     "release": lambda s, seqs: s.release(TOKEN, seqs),
     "renew": lambda s, seqs: s.renew(TOKEN, seqs, 30.0),
 }  # fmt: skip

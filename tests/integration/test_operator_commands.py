@@ -282,3 +282,49 @@ def test_hold_then_release_a_key_and_delay_then_expedite(
     code, _, err = _cli("delay", *where, str(seqs["b"]))
     assert code == 2
     assert "--seconds" in err
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def held_outbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A table where the relay held two messages of key h and one of key j (the policy
+    on), and one of key p waits due."""
+    url = PG_URL if request.param == "postgresql" else sqlite_url(tmp_path / "held.db")
+    table = unique_table("ops")
+    asyncio.run(_fill_held(url, table))
+    try:
+        yield url, table
+    finally:
+        drop(url, table)
+
+
+async def _fill_held(url: str, table: str) -> None:
+    await migrate(url, table=table)
+    storage = await open_storage(url, table=table)
+    try:
+        keys = ["h", "h", "j", "p"]
+        await storage.write(Routing().rows([Message(topic="orders", key=k) for k in keys]))
+        await storage.heartbeat("w1", partitions=64, lease_seconds=30)
+        read = await storage.read(limit=10)
+        failures = [Failure(m.seq, "refused") for m in read if m.key != "p"]
+        await storage.settle("w1", abandoned=failures, hold_keys=True)
+        await storage.leave("w1")
+    finally:
+        await storage.close()
+
+
+def test_status_shows_held_messages_apart_and_alerts_past_max_held(
+    held_outbox: tuple[str, str],
+) -> None:
+    url, table = held_outbox
+    code, out, _ = _cli("status", "--db", url, "--table", table, "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert (report["held"], report["held_keys"]) == (3, 2)
+    assert report["counts"] == {"pending": 1, "processing": 0, "published": 0, "failed": 0,
+                                "abandoned": 0}  # fmt: skip
+    code, out, _ = _cli("status", "--db", url, "--table", table, "--max-held", "3")
+    assert code == 0
+    assert "held keys" in out
+    code, out, err = _cli("status", "--db", url, "--table", table, "--max-held", "2")
+    assert code == 1
+    assert "ALERT: 3 held (holding back 2 keys), more than 2" in err

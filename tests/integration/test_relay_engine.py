@@ -577,11 +577,13 @@ class _NoAbandon(_Passthrough):
         self.recorded = recorded
         self.refused = 0
 
-    async def abandon(self, token: str, failures: Sequence[Failure]) -> int:
+    async def abandon(
+        self, token: str, failures: Sequence[Failure], *, hold_keys: bool = False
+    ) -> int:
         if not self.healed:
             self.refused += 1
             raise StorageOperationalError("connection cut (test)")
-        count: int = await self._inner.abandon(token, failures)  # type: ignore[attr-defined]
+        count: int = await self._inner.abandon(token, failures, hold_keys=hold_keys)  # type: ignore[attr-defined]
         if count:
             self.recorded.append(("abandoned", [f.seq for f in failures]))
         return count

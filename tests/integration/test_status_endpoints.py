@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import urllib.error
 import urllib.request
@@ -122,6 +123,34 @@ async def test_metrics_are_prometheus_text_with_every_signal(running: Running) -
     assert value("relaybox_publish_duration_seconds_count", target="default") >= 1
     assert value("relaybox_delivery_lag_seconds_bucket", target="default", le="+Inf") >= 1
     assert value("relaybox_outbox_sample_ok", database="db0") == 1
+
+
+async def test_keys_held_by_the_policy_are_reported_as_json_and_metrics() -> None:
+    storage, publisher = MemoryStorage(), MemoryPublisher()
+    publisher.reject(lambda m: m.key == "poison")
+    settings = dataclasses.replace(SETTINGS, hold_keys=True)
+    async with Relay(storage, {"default": publisher}, settings=settings) as relay:
+        server = StatusServer(relay, "127.0.0.1", 0)
+        await server.start()
+        try:
+            running = Running(relay, server, storage, publisher)
+            poison = [Message(topic="t", key="poison") for _ in range(3)]
+            await running.write(*poison, Message(topic="t", key="fine"))
+            await eventually(lambda: len(publisher.published) == 1)
+            await running.settled(2)
+            report = json.loads((await running.get("/api/outbox"))[1])
+            samples = _samples((await running.get("/metrics"))[1])
+        finally:
+            await server.close()
+    assert report["signals"]["held_keys"] == 1
+    assert report["signals"]["failed"] == 0
+    assert report["signals"]["pending"] == 2  # the key's later messages, waiting behind it
+    outbox = report["databases"]["db0"]["outbox"]
+    assert (outbox["held"], outbox["held_keys"]) == (1, 1)
+    assert samples[("relaybox_outbox_held_keys", frozenset({("database", "db0")}))] == 1
+    assert samples[("relaybox_outbox_held", frozenset({("database", "db0")}))] == 1
+    failed = frozenset({("database", "db0"), ("status", "failed")})
+    assert samples[("relaybox_outbox_messages", failed)] == 0
 
 
 async def test_readiness_fails_while_a_circuit_is_open_and_health_does_not(

@@ -36,10 +36,14 @@ class Recorder(MemoryPublisher):
         return [self._outcomes.get(m.seq, r) for m, r in zip(messages, results, strict=True)]
 
 
-def delivery(publisher: MemoryPublisher, max_attempts: int = 5) -> Delivery:
+def delivery(
+    publisher: MemoryPublisher, max_attempts: int = 5, *, hold_keys: bool = False
+) -> Delivery:
     retry = RetryPolicy(base_delay=1.0, jitter=0.0, max_attempts=max_attempts)
     circuits = {"default": CircuitBreaker(CircuitPolicy(failure_threshold=100))}
-    return Delivery({"default": publisher}, circuits, retry, publish_timeout=1.0)
+    return Delivery(
+        {"default": publisher}, circuits, retry, publish_timeout=1.0, hold_keys=hold_keys
+    )
 
 
 async def test_a_call_never_carries_two_messages_of_one_key() -> None:
@@ -121,6 +125,20 @@ async def test_permanent_failures_and_exhausted_retries_are_abandoned() -> None:
     await delivery(publisher, max_attempts=3).run(batch, settlement)
     assert [(f.seq, f.error) for f in settlement.abandoned] == [(1, "too large"), (3, "down")]
     assert settlement.published == [2]  # the key goes on after an abandoned message
+
+
+async def test_holding_the_keys_a_given_up_message_hands_its_chain_back() -> None:
+    publisher = Recorder({1: permanent("too large"), 4: transient("down"), 6: permanent("no")})
+    settlement = Settlement()
+    batch = [stored(1, "a"), stored(2, "a"), stored(3, "a"), stored(4, "b", attempts=2),
+             stored(5, "b"), stored(6, None), stored(7, None)]  # fmt: skip
+    await delivery(publisher, max_attempts=3, hold_keys=True).run(batch, settlement)
+    assert [(f.seq, f.error) for f in settlement.abandoned] == [
+        (1, "too large"), (4, "down"), (6, "no"),
+    ]  # fmt: skip
+    assert sorted(settlement.released) == [2, 3, 5]  # they wait behind the held message
+    assert settlement.published == [7]
+    assert publisher.calls == [[1, 4, 6, 7]]
 
 
 async def test_a_publisher_that_raises_or_miscounts_fails_transiently() -> None:

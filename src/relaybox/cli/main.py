@@ -142,19 +142,23 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option(
     "--max-age", type=float, default=None, help="Alert when the oldest pending waited longer (s)."
 )
+@click.option(
+    "--max-held", type=int, default=None, help="Alert above this many held (keys waiting)."
+)
 def status(
     db_url: str, table: str, as_json: bool, max_pending: int | None, max_failed: int | None,
-    max_abandoned: int | None, max_age: float | None,
+    max_abandoned: int | None, max_age: float | None, max_held: int | None,
 ) -> None:  # fmt: skip
-    """The outbox's signals: counts by status, the oldest pending age, leases. Exits 1
-    when a --max-* limit is passed and 2 when the table cannot be read (a check for cron
-    or a probe)."""
+    """The outbox's signals: counts by status, held messages and the keys they hold
+    back, the oldest pending age, leases. Exits 1 when a --max-* limit is passed and 2
+    when the table cannot be read (a check for cron or a probe)."""
     stats = _run(admin.table_stats(db_url, table), _Unreadable)
-    limits = admin.Thresholds(max_pending, max_failed, max_abandoned, max_age)
+    limits = admin.Thresholds(max_pending, max_failed, max_abandoned, max_age, max_held)
     alerts = limits.breaches(stats)
     if as_json:
         output.json({
-            "table": table, "counts": stats.by_status(),
+            "table": table, "counts": stats.by_status(), "held": stats.held,
+            "held_keys": stats.held_keys,
             "oldest_pending_age_seconds": stats.oldest_pending_age,
             "active_leases": stats.active_leases, "alerts": alerts,
         })  # fmt: skip
@@ -162,6 +166,8 @@ def status(
         output.line(f"{table} on {DatabaseUrl.parse(db_url).masked}")
         for name, count in stats.by_status().items():
             output.line(f"  {name:<15} {count:>10}")
+        output.line(f"  {'held':<15} {stats.held:>10}")
+        output.line(f"  {'held keys':<15} {stats.held_keys:>10}")
         age = stats.oldest_pending_age
         output.line(f"  {'oldest pending':<15} {'-' if age is None else f'{age:.1f} s':>10}")
         output.line(f"  {'active leases':<15} {stats.active_leases:>10}")

@@ -171,6 +171,12 @@ _CIRCUIT = _DEFAULTS.circuit
     help="Seconds to keep published rows; 0 deletes them on publish.",
 )
 @click.option("--abandoned-retention", default=_DEFAULTS.abandoned_retention, show_default=True)
+@click.option(
+    "--hold-keys",
+    is_flag=True,
+    help="Hold a keyed message the relay gives up on, with its key's later messages behind "
+    "it, until an operator replays or discards it (keyless ones are abandoned).",
+)
 @click.option("--cleanup-interval", default=_DEFAULTS.cleanup_interval, show_default=True)
 @click.option("--shutdown-timeout", default=_DEFAULTS.shutdown_timeout, show_default=True)
 @click.option(
@@ -190,8 +196,9 @@ def relay(
     max_attempts: int, circuit_threshold: int, circuit_open: float, circuit_max_open: float,
     idle_interval: float, fast_poll_window: float, fast_poll_interval: float,
     max_claim_bytes: int,
-    published_retention: float, abandoned_retention: float, cleanup_interval: float,
-    shutdown_timeout: float, http: str | None, max_seconds: float | None, log_level: str,
+    published_retention: float, abandoned_retention: float, hold_keys: bool,
+    cleanup_interval: float, shutdown_timeout: float, http: str | None,
+    max_seconds: float | None, log_level: str,
 ) -> None:  # fmt: skip
     """Deliver committed outbox messages to brokers until SIGTERM or SIGINT.
 
@@ -219,6 +226,7 @@ def relay(
             fast_poll_interval=min(fast_poll_interval, idle_interval),
             published_retention=published_retention, abandoned_retention=abandoned_retention,
             cleanup_interval=cleanup_interval, shutdown_timeout=shutdown_timeout,
+            hold_keys=hold_keys,
         )  # fmt: skip
         address = None if http is None else parse_address(http)  # fails before anything starts
         if db_files and from_environment("databases"):

@@ -166,6 +166,12 @@ class OutboxStats:
     active_leases: int
     #: Rows still to deliver (pending, processing or failed), per target.
     live_by_target: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    #: Live rows held (see relaybox.core.inspection.HELD_UNTIL): by an operator, or by
+    #: the hold-the-key policy when the relay gave up on them. `counts` leaves them
+    #: out: a held row neither waits for a retry nor is due.
+    held: int = 0
+    #: The (target, key) pairs whose later rows wait behind a held row.
+    held_keys: int = 0
 
     @property
     def pending(self) -> int:

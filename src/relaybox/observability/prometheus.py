@@ -122,6 +122,15 @@ class RelayCollector(Collector):
         leases = GaugeMetricFamily(
             "relaybox_outbox_active_leases", "Rows leased by row-lease relays", labels=labels
         )
+        held = GaugeMetricFamily(
+            "relaybox_outbox_held", "Held messages (not counted by status), at the last sample",
+            labels=labels,
+        )  # fmt: skip
+        held_keys = GaugeMetricFamily(
+            "relaybox_outbox_held_keys",
+            "Keys whose later messages wait behind a held message, at the last sample",
+            labels=labels,
+        )
         age = GaugeMetricFamily(
             "relaybox_outbox_sample_age_seconds", "Age of the last sample of the table",
             labels=labels,
@@ -146,7 +155,9 @@ class RelayCollector(Collector):
             if sample.stats.oldest_pending_age is not None:
                 oldest.add_metric([processor.name], sample.stats.oldest_pending_age)
             leases.add_metric([processor.name], sample.stats.active_leases)
-        yield from (messages, oldest, leases, age, up)
+            held.add_metric([processor.name], sample.stats.held)
+            held_keys.add_metric([processor.name], sample.stats.held_keys)
+        yield from (messages, oldest, leases, held, held_keys, age, up)
 
     def _target_metrics(self) -> Iterator[Metric]:
         labels = ["target"]

@@ -1,9 +1,9 @@
 """The JSON of `GET /api/outbox`: every signal of a running relay as plain data.
 
 The operational signals first (pending, failed and waiting for a retry, the retry rate,
-abandoned, and the oldest pending age) over every database, then per database and per
-target. Every URL and error text in it passes `mask_url` on its way out, whatever its
-source already masked.
+abandoned, the keys held back, and the oldest pending age) over every database, then
+per database and per target. Every URL and error text in it passes `mask_url` on its
+way out, whatever its source already masked.
 """
 
 from __future__ import annotations
@@ -110,6 +110,8 @@ def _sample(sample: StatsSample | None, now: float) -> dict[str, Any] | None:
         "oldest_pending_age_seconds": None if stats is None else stats.oldest_pending_age,
         "active_leases": None if stats is None else stats.active_leases,
         "live_by_target": None if stats is None else dict(stats.live_by_target),
+        "held": None if stats is None else stats.held,
+        "held_keys": None if stats is None else stats.held_keys,
         "sample_age_seconds": sample.age(now),
         "error": _shown(sample.error),
     }
@@ -133,8 +135,9 @@ def _target(counters: TargetCounters, state: CircuitState, error: str | None) ->
 def _signals(
     samples: list[StatsSample | None], targets: Iterable[TargetCounters]
 ) -> dict[str, Any]:
-    """Pending, failed (waiting for a retry), the retry rate and abandoned, with the
-    oldest pending age. Counts are None until every table was read."""
+    """Pending, failed (waiting for a retry), the retry rate, abandoned and the keys
+    held back, with the oldest pending age. Counts are None until every table was
+    read."""
     read = [s.stats for s in samples if s is not None and s.stats is not None]
     total = TargetCounters()
     for counters in targets:
@@ -146,5 +149,6 @@ def _signals(
         "failed": sum(s.failed for s in read) if counted else None,
         "retry_rate": total.retry_rate,
         "abandoned": sum(s.abandoned for s in read) if counted else None,
+        "held_keys": sum(s.held_keys for s in read) if counted else None,
         "oldest_pending_age_seconds": max(ages, default=None) if counted else None,
     }

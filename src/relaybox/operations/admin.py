@@ -28,6 +28,8 @@ class Thresholds:
     max_failed: int | None = None
     max_abandoned: int | None = None
     max_oldest_age: float | None = None
+    #: Held messages (each holds back the later messages of its key).
+    max_held: int | None = None
 
     def breaches(self, stats: OutboxStats) -> list[str]:
         found = []
@@ -35,6 +37,7 @@ class Thresholds:
             ("pending", stats.pending, self.max_pending),
             ("failed (waiting for a retry)", stats.failed, self.max_failed),
             ("abandoned", stats.abandoned, self.max_abandoned),
+            (f"held (holding back {stats.held_keys} keys)", stats.held, self.max_held),
         )
         for name, value, limit in checks:
             if limit is not None and value > limit:

@@ -6,6 +6,11 @@ never carries two messages of one key: a key's next message goes out only after 
 broker confirmed the previous one. When a message fails, the rest of its chain is
 handed back untouched (no attempt counted) and stays behind it in the table.
 
+A message given up on (a permanent error, or the last attempt failed) is final: the
+rest of its chain goes on after it. With `hold_keys` (the hold-the-key policy) a
+message with a key is held in the table instead, so the rest of its chain is handed
+back and waits behind it.
+
 A transient failure counts an attempt against its message, except when the broker
 could not be reached at all (`PublishResult.unavailable`, and no message of the call
 confirmed) or did not answer in time (`PublishResult.timed_out`: it may hold the
@@ -89,11 +94,14 @@ class Delivery:
         retry: RetryPolicy,
         publish_timeout: float,
         rng: random.Random | None = None,
+        *,
+        hold_keys: bool = False,
     ) -> None:
         self._publishers = publishers
         self._circuits = circuits
         self._retry = retry
         self._timeout = publish_timeout
+        self._hold_keys = hold_keys
         self._rng = rng or random.Random()
         #: Per target, what came of its messages (read by `Relay.target_counters`).
         self.counters = {target: TargetCounters() for target in publishers}
@@ -140,21 +148,25 @@ class Delivery:
         error = mask_url(result.error or result.outcome.value)
         counters = self.counters[message.target]
         if result.outcome is Outcome.PERMANENT:
-            counters.abandoned += 1
-            out.abandoned.append(Failure(message.seq, error))
-            return True  # abandoned is final: the key's next message may follow it
+            return self._give_up(message, error, out)
         if result.unavailable or result.timed_out:  # down, paused or silent: no verdict
             counters.unavailable += 1
             out.released.append(message.seq)
             return False
         failures = message.attempts + 1
         if self._retry.exhausted(failures):
-            counters.abandoned += 1
-            out.abandoned.append(Failure(message.seq, error))
-            return True
+            return self._give_up(message, error, out)
         counters.retried += 1
         out.failed.append(Failure(message.seq, error, self._retry.delay(failures, self._rng)))
         return False
+
+    def _give_up(self, message: StoredMessage, error: str, out: Settlement) -> bool:
+        """Abandon `message` (or hold it, see the module's docstring); True if the rest
+        of its chain may go on: abandoned is final, the key's next message may follow
+        it, where a held one keeps it waiting."""
+        self.counters[message.target].abandoned += 1
+        out.abandoned.append(Failure(message.seq, error))
+        return not (self._hold_keys and message.key is not None)
 
     async def _publish_wave(self, wave: list[StoredMessage]) -> Sequence[PublishResult]:
         """The results of `wave`, in its order; one publish call per target, at once."""

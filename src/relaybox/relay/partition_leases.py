@@ -191,6 +191,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
                     abandoned=settlement.abandoned,
                     published=settlement.published,
                     delete=settings.published_retention == 0,
+                    hold_keys=settings.hold_keys,
                 ),
             )
             if settled is None:

@@ -106,7 +106,10 @@ class Processor(abc.ABC, Generic[P]):
             fast_window=settings.fast_poll_window,
         )
         self._slots = asyncio.Semaphore(settings.max_in_flight)
-        self._delivery = Delivery(publishers, circuits, settings.retry, settings.publish_timeout)
+        self._delivery = Delivery(
+            publishers, circuits, settings.retry, settings.publish_timeout,
+            hold_keys=settings.hold_keys,
+        )  # fmt: skip
         self._deliveries: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []

@@ -101,8 +101,10 @@ class RowLeaseProcessor(Processor[RowLeaseStorage]):
         held_back: dict[tuple[str, str], int] = {}  # (target, key) -> first unrecorded
         by_seq = {m.seq: m for m in claim.messages}
         if settlement.abandoned:
-            abandoned = settlement.abandoned
-            if not await self._record("abandoned", lambda: storage.abandon(token, abandoned)):
+            abandoned, hold = settlement.abandoned, self._settings.hold_keys
+            if not await self._record(
+                "abandoned", lambda: storage.abandon(token, abandoned, hold_keys=hold)
+            ):
                 _hold_back(held_back, by_seq, (f.seq for f in abandoned))
         if settlement.failed:
             failed = settlement.failed

@@ -59,6 +59,12 @@ class RelaySettings:
     cleanup_batch: int = 500
     #: On stop, in-flight batches get this long to finish before they are released.
     shutdown_timeout: float = 10.0
+    #: Hold the key: a message with a key that the relay gives up on (its last attempt
+    #: failed, or its broker refused it for good) stays in the table, held, and the
+    #: later messages of its (target, key) wait behind it until an operator replays it
+    #: or discards it. Off: it is abandoned and they go on. Keyless messages are
+    #: abandoned either way.
+    hold_keys: bool = False
 
     def __post_init__(self) -> None:
         if min(self.batch_size, self.max_in_flight, self.cleanup_batch, self.max_claim_bytes) < 1:

@@ -95,3 +95,15 @@ def row_params(dialect: str, row: InsertRow) -> tuple[Any, ...]:
     return (str(id_), target, int(external), topic, key, partition, type_, content_type,
             payload, headers, correlation_id, causation_id, tenant_id, aggregate_id,
             occurred, delay_param)  # fmt: skip
+
+
+def moment(dialect: str, when: datetime.datetime) -> Any:
+    """A point in time as `dialect`'s queries take it: PostgreSQL an aware datetime,
+    MySQL a naive UTC one, SQLite the UTC text its own strftime('%Y-%m-%d %H:%M:%f')
+    writes (so that its text compares with the stored times as times do)."""
+    utc = when.astimezone(datetime.UTC)
+    if dialect == "postgresql":
+        return utc
+    if dialect == "mysql":
+        return utc.replace(tzinfo=None)
+    return utc.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]

@@ -53,6 +53,8 @@ from relaybox.errors import StorageIntegrityError
 from relaybox.storage.rows import as_utc, check_listing, within_bytes
 
 Clock = Callable[[], float]
+#: The held rows' due time, in the clock's epoch seconds.
+_HELD = HELD_UNTIL.timestamp()
 #: Positions in `InsertRow` of the columns the SQL tables declare NOT NULL.
 _REQUIRED = {0: "id", 1: "target", 3: "topic", 5: "partition", 6: "type", 7: "content_type",
              8: "payload", 9: "headers", 14: "occurred_at"}  # fmt: skip
@@ -97,6 +99,23 @@ class _Row:
     def unlock(self, status: Status) -> None:
         self.status = status
         self.locked_by = self.locked_until = self.lock_token = None
+
+    @property
+    def held(self) -> bool:
+        """Live, not leased, and due at the held time: kept from the relay."""
+        return self.status in (Status.PENDING, Status.FAILED) and self.available_at >= _HELD
+
+    def give_up(self, error: str, now: float, *, hold_keys: bool) -> None:
+        """Abandon the row after a failed attempt, or, with `hold_keys` and a key,
+        hold it (failed, due at the held time) so its key's later rows wait."""
+        self.attempts += 1
+        self.last_error = error
+        if hold_keys and self.key is not None:
+            self.unlock(Status.FAILED)
+            self.available_at = _HELD
+        else:
+            self.unlock(Status.ABANDONED)
+            self.abandoned_at = now
 
     def message(self, partitions: int) -> StoredMessage:
         return StoredMessage(
@@ -258,6 +277,7 @@ class MemoryStorage:
         abandoned: Sequence[Failure] = (),
         published: Sequence[int] = (),
         delete: bool = True,
+        hold_keys: bool = False,
     ) -> Settled:
         count = require_partitions(partition_count)
         with self._lock:
@@ -272,7 +292,7 @@ class MemoryStorage:
 
             failures = 0
             for failure in failed:
-                if (row := owned(failure.seq)) is not None:
+                if (row := owned(failure.seq)) is not None and not row.held:
                     row.unlock(Status.FAILED)
                     row.attempts += 1
                     row.last_error = failure.error
@@ -280,11 +300,8 @@ class MemoryStorage:
                     failures += 1
             given_up = 0
             for failure in abandoned:
-                if (row := owned(failure.seq)) is not None:
-                    row.unlock(Status.ABANDONED)
-                    row.attempts += 1
-                    row.last_error = failure.error
-                    row.abandoned_at = now
+                if (row := owned(failure.seq)) is not None and not row.held:
+                    row.give_up(failure.error, now, hold_keys=hold_keys)
                     given_up += 1
             done = 0
             for seq in dict.fromkeys(published):
@@ -337,15 +354,20 @@ class MemoryStorage:
                 blocked.add(key)
         return chosen
 
-    def _held(self, token: str, seqs: Iterable[int]) -> list[_Row]:
+    def _leased(self, token: str, seqs: Iterable[int]) -> list[_Row]:
         """Rows among `seqs` still leased under `token` (each once); call under the lock."""
         token = _token(token)
         found = (self._rows.get(seq) for seq in dict.fromkeys(seqs))
         return [r for r in found if r and r.lock_token == token and r.status is Status.PROCESSING]
 
+    def _failing(self, token: str, seq: int) -> list[_Row]:
+        """The row `seq` if a failure may be recorded on it: leased under `token`, and
+        not held (as the SQL marks check its due time); call under the lock."""
+        return [row for row in self._leased(token, [seq]) if row.available_at < _HELD]
+
     async def mark_published(self, token: str, seqs: Sequence[int], *, delete: bool = False) -> int:
         with self._lock:
-            now, held = self._clock(), self._held(token, seqs)
+            now, held = self._clock(), self._leased(token, seqs)
             for row in held:
                 if delete:
                     del self._rows[row.seq]
@@ -358,7 +380,7 @@ class MemoryStorage:
         with self._lock:
             now, count = self._clock(), 0
             for failure in failures:
-                for row in self._held(token, [failure.seq]):
+                for row in self._failing(token, failure.seq):
                     row.unlock(Status.FAILED)
                     row.attempts += 1
                     row.last_error = failure.error
@@ -366,28 +388,27 @@ class MemoryStorage:
                     count += 1
         return count
 
-    async def abandon(self, token: str, failures: Sequence[Failure]) -> int:
+    async def abandon(
+        self, token: str, failures: Sequence[Failure], *, hold_keys: bool = False
+    ) -> int:
         with self._lock:
             now, count = self._clock(), 0
             for failure in failures:
-                for row in self._held(token, [failure.seq]):
-                    row.unlock(Status.ABANDONED)
-                    row.attempts += 1
-                    row.last_error = failure.error
-                    row.abandoned_at = now
+                for row in self._failing(token, failure.seq):
+                    row.give_up(failure.error, now, hold_keys=hold_keys)
                     count += 1
         return count
 
     async def release(self, token: str, seqs: Sequence[int]) -> int:
         with self._lock:
-            held = self._held(token, seqs)
+            held = self._leased(token, seqs)
             for row in held:
                 row.unlock(Status.PENDING)
         return len(held)
 
     async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
         with self._lock:
-            now, held = self._clock(), self._held(token, seqs)
+            now, held = self._clock(), self._leased(token, seqs)
             for row in held:
                 row.locked_until = now + float(lease_seconds)
         return len(held)
@@ -603,7 +624,8 @@ class MemoryStorage:
     async def stats(self) -> OutboxStats:
         with self._lock:
             now, rows = self._clock(), self._rows.values()
-            counts = collections.Counter(r.status for r in rows)
+            counts = collections.Counter(r.status for r in rows if not r.held)
+            held = [r for r in rows if r.held]
             waiting = [r.available_at for r in rows
                        if r.status in (Status.PENDING, Status.FAILED) and r.due(now)]  # fmt: skip
             leases = sum(1 for r in rows if r.status is Status.PROCESSING and not r.due(now))
@@ -611,7 +633,8 @@ class MemoryStorage:
         oldest = now - min(waiting) if waiting else None
         return OutboxStats(
             counts=dict(counts), oldest_pending_age=oldest, active_leases=leases,
-            live_by_target=dict(targets),
+            live_by_target=dict(targets), held=len(held),
+            held_keys=len({(r.target, r.key) for r in held if r.key is not None}),
         )  # fmt: skip
 
     async def relays(self) -> list[RelayMember]:

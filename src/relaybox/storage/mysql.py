@@ -235,7 +235,12 @@ class MySQLStorage(SqlStorage):
         return seqs  # spread by _bind
 
     def _bind(self, name: str, args: Sequence[Any]) -> tuple[str, Sequence[Any]]:
-        return bind_numbered(self._queries[name], args)
+        query, params = bind_numbered(self._queries[name], args)
+        if not any(type(arg) is Seqs for arg in args):
+            # Its text is the same at every call: a stall can name it. (A list of seqs
+            # makes a text per length; those are named by their first word.)
+            self._query_names.setdefault(query, name)
+        return query, params
 
     def _query(self, name: str, *, seqs: int = 0, pairs: int = 0, filters: str = "") -> str:
         """A claim step with its list markers expanded into placeholders."""

@@ -210,6 +210,8 @@ class PostgresStorage(SqlStorage):
     #: hash aggregate, four times slower at 100k rows. They get them back, in their
     #: own transaction only.
     _STATS_SCOPE = "stats_scope"
+    #: The abandon steps move some rows and hold others in one statement.
+    _COUNTED = frozenset({"abandon_owned", "abandon"})
     dialect = "postgresql"
     label = "PostgreSQL"
 

@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
-from relaybox.core.inspection import RelayMember
+from relaybox.core.inspection import HELD_UNTIL, RelayMember
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import DEFAULT_TARGET
 from relaybox.core.partitions import (
@@ -52,7 +52,7 @@ from relaybox.core.records import (
 from relaybox.core.urls import without_secrets
 from relaybox.errors import SchemaError, StorageError, StorageOperationalError
 from relaybox.sql.inserts import inserts
-from relaybox.sql.params import native_style
+from relaybox.sql.params import moment, native_style
 from relaybox.storage.rows import check_listing, decode_abandoned, lease_token, relay_members
 from relaybox.storage.urls import DatabaseUrl
 
@@ -182,12 +182,17 @@ class SqlStorage(abc.ABC):
     dialect: ClassVar[sql.Dialect]
     #: The database's name in errors and logs.
     label: ClassVar[str]
+    #: Statements that change rows and answer how many in one row of their own, as a
+    #: statement whose count would cover only part of what it changed does.
+    _COUNTED: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, url: DatabaseUrl, *, table: str = DEFAULT_TABLE) -> None:
         self.table = table
         self._url = url
         self._queries = sql.queries(self.dialect, table)
         self._query_names = {query: name for name, query in self._queries.items()}
+        #: The held rows' due time, as this dialect's queries take a time.
+        self._held = moment(self.dialect, HELD_UNTIL)
         self._connection: Connection | None = None
         self._lock = asyncio.Lock()
 
@@ -294,7 +299,13 @@ class SqlStorage(abc.ABC):
             await connection.discard()
 
     async def _execute(self, name: str, *args: Any) -> int:
-        return await self._run(lambda session: session.execute(name, *args))
+        return await self._run(lambda session: self._change(session, name, *args))
+
+    async def _change(self, session: Session, name: str, *args: Any) -> int:
+        """Run a statement that changes rows; how many it changed."""
+        if name in self._COUNTED:
+            return int(await session.one(name, *args))
+        return await session.execute(name, *args)
 
     async def _fetch(self, name: str, *args: Any) -> list[Sequence[Any]]:
         return await self._run(lambda session: session.fetch(name, *args))
@@ -334,18 +345,23 @@ class SqlStorage(abc.ABC):
         abandoned: Sequence[Failure] = (),
         published: Sequence[int] = (),
         delete: bool = True,
+        hold_keys: bool = False,
     ) -> Settled:
         fence = (worker, require_partitions(partition_count))
-        steps = [  # (what it counts, the query, its rows)
-            ("failed", "fail_owned", failed and _failures(failed, retry=True)),
-            ("abandoned", "abandon_owned", abandoned and _failures(abandoned, retry=False)),
+        steps = [  # (what it counts, the query, its rows, the parameters after the fence)
+            ("failed", "fail_owned", failed and _failures(failed, retry=True), (self._held,)),
+            ("abandoned", "abandon_owned", abandoned and _failures(abandoned, retry=False),
+             (hold_keys, self._held)),
             ("published", "delete_owned" if delete else "publish_owned",
-             published and Seqs(published)),
+             published and Seqs(published), ()),
         ]  # fmt: skip
-        todo = [(field, name, rows) for field, name, rows in steps if rows]
+        todo = [step for step in steps if step[2]]
 
         async def run(session: Session) -> Settled:
-            counts = {f: await session.execute(name, rows, *fence) for f, name, rows in todo}
+            counts = {
+                field: await self._change(session, name, rows, *fence, *more)
+                for field, name, rows, more in todo
+            }
             return Settled(**counts)
 
         if not todo:
@@ -427,13 +443,18 @@ class SqlStorage(abc.ABC):
         if not failures:
             return 0
         return await self._execute(
-            "mark_failed", _failures(failures, retry=True), lease_token(token)
+            "mark_failed", _failures(failures, retry=True), lease_token(token), self._held
         )
 
-    async def abandon(self, token: str, failures: Sequence[Failure]) -> int:
+    async def abandon(
+        self, token: str, failures: Sequence[Failure], *, hold_keys: bool = False
+    ) -> int:
         if not failures:
             return 0
-        return await self._execute("abandon", _failures(failures, retry=False), lease_token(token))
+        return await self._execute(
+            "abandon", _failures(failures, retry=False), lease_token(token), hold_keys,
+            self._held,
+        )  # fmt: skip
 
     async def release(self, token: str, seqs: Sequence[int]) -> int:
         if not seqs:
@@ -489,7 +510,8 @@ class SqlStorage(abc.ABC):
         async def read(session: Session) -> OutboxStats:
             if scope is not None:
                 await session.execute(scope)
-            counts = await session.fetch("count_by_status")
+            counts = await session.fetch("count_by_status", self._held)
+            ((held, held_keys),) = await session.fetch("count_held", self._held)
             age = await session.one("oldest_pending_age")
             leases = await session.one("active_leases")
             targets = await session.fetch("live_by_target")
@@ -498,6 +520,8 @@ class SqlStorage(abc.ABC):
                 oldest_pending_age=None if age is None else max(0.0, float(age)),
                 active_leases=int(leases),
                 live_by_target={str(target): int(n) for target, n in targets},
+                held=int(held),
+                held_keys=int(held_keys),
             )
 
         return await self._run(read, atomic=scope is not None)

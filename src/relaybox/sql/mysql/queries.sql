@@ -113,8 +113,13 @@ ORDER BY seq;
 -- partitions outside whenever that table was last analyzed while nobody held any:
 -- every held partition then repeated the lookup of every row of the batch.
 
+-- A row held meanwhile (available_at at the held time: an operator held it between the
+-- read and the settle) stays held: a failed or abandoned settle leaves it alone, where a
+-- published one may still delete it (the message went out).
+
 -- name: fail_owned
--- $1 failures JSON [[seq, error, retry_in seconds], ...], $2 worker, $3 partition count.
+-- $1 failures JSON [[seq, error, retry_in seconds], ...], $2 worker, $3 partition count,
+-- $4 the held rows' due time.
 UPDATE JSON_TABLE($1, '$[*]' COLUMNS (
         seq BIGINT PATH '$[0]',
         error LONGTEXT PATH '$[1]',
@@ -123,20 +128,25 @@ STRAIGHT_JOIN {table} o FORCE INDEX (PRIMARY) ON o.seq = f.seq
 SET o.status = 'failed', o.attempts = o.attempts + 1, o.last_error = f.error,
     o.available_at = UTC_TIMESTAMP(6) + INTERVAL ROUND(f.retry_in * 1000000) MICROSECOND,
     o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
-WHERE o.status IN ('pending', 'processing', 'failed')
+WHERE o.status IN ('pending', 'processing', 'failed') AND o.available_at < $4
   AND (SELECT p.owner FROM {table}_partitions p FORCE INDEX (PRIMARY)
        WHERE p.target = o.target AND p.`partition` = MOD(o.`partition`, $3)) = $2;
 
 -- name: abandon_owned
--- $1 failures JSON [[seq, error], ...], $2 worker, $3 partition count.
+-- $1 failures JSON [[seq, error], ...], $2 worker, $3 partition count, $4 whether to
+-- hold the keys, $5 the held rows' due time. With $4, a row with a key is not abandoned
+-- but held: failed, due at $5, with its error and the attempt counted, so its key's
+-- later rows wait behind it. (No assignment reads a column assigned before it.)
 UPDATE JSON_TABLE($1, '$[*]' COLUMNS (
         seq BIGINT PATH '$[0]',
         error LONGTEXT PATH '$[1]')) f
 STRAIGHT_JOIN {table} o FORCE INDEX (PRIMARY) ON o.seq = f.seq
-SET o.status = 'abandoned', o.attempts = o.attempts + 1, o.last_error = f.error,
-    o.abandoned_at = UTC_TIMESTAMP(6),
+SET o.status = IF($4 AND o.`key` IS NOT NULL, 'failed', 'abandoned'),
+    o.attempts = o.attempts + 1, o.last_error = f.error,
+    o.abandoned_at = IF($4 AND o.`key` IS NOT NULL, NULL, UTC_TIMESTAMP(6)),
+    o.available_at = IF($4 AND o.`key` IS NOT NULL, $5, o.available_at),
     o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
-WHERE o.status IN ('pending', 'processing', 'failed')
+WHERE o.status IN ('pending', 'processing', 'failed') AND o.available_at < $5
   AND (SELECT p.owner FROM {table}_partitions p FORCE INDEX (PRIMARY)
        WHERE p.target = o.target AND p.`partition` = MOD(o.`partition`, $3)) = $2;
 
@@ -172,7 +182,8 @@ DELETE o FROM {table} o FORCE INDEX (PRIMARY)
 WHERE o.seq IN ($1) AND o.lock_token = $2 AND o.status = 'processing';
 
 -- name: mark_failed
--- $1 failures JSON [[seq, error, retry_in seconds], ...], $2 token.
+-- $1 failures JSON [[seq, error, retry_in seconds], ...], $2 token, $3 the held rows'
+-- due time (a row held stays held, as in the settle above).
 UPDATE JSON_TABLE($1, '$[*]' COLUMNS (
         seq BIGINT PATH '$[0]',
         error LONGTEXT PATH '$[1]',
@@ -181,18 +192,21 @@ STRAIGHT_JOIN {table} o FORCE INDEX (PRIMARY) ON o.seq = f.seq
 SET o.status = 'failed', o.attempts = o.attempts + 1, o.last_error = f.error,
     o.available_at = UTC_TIMESTAMP(6) + INTERVAL ROUND(f.retry_in * 1000000) MICROSECOND,
     o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
-WHERE o.lock_token = $2 AND o.status = 'processing';
+WHERE o.lock_token = $2 AND o.status = 'processing' AND o.available_at < $3;
 
 -- name: abandon
--- $1 failures JSON [[seq, error], ...], $2 token.
+-- As abandon_owned, fenced by the claim's token: $1 failures JSON [[seq, error], ...],
+-- $2 token, $3 whether to hold the keys, $4 the held rows' due time.
 UPDATE JSON_TABLE($1, '$[*]' COLUMNS (
         seq BIGINT PATH '$[0]',
         error LONGTEXT PATH '$[1]')) f
 STRAIGHT_JOIN {table} o FORCE INDEX (PRIMARY) ON o.seq = f.seq
-SET o.status = 'abandoned', o.attempts = o.attempts + 1, o.last_error = f.error,
-    o.abandoned_at = UTC_TIMESTAMP(6),
+SET o.status = IF($3 AND o.`key` IS NOT NULL, 'failed', 'abandoned'),
+    o.attempts = o.attempts + 1, o.last_error = f.error,
+    o.abandoned_at = IF($3 AND o.`key` IS NOT NULL, NULL, UTC_TIMESTAMP(6)),
+    o.available_at = IF($3 AND o.`key` IS NOT NULL, $4, o.available_at),
     o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
-WHERE o.lock_token = $2 AND o.status = 'processing';
+WHERE o.lock_token = $2 AND o.status = 'processing' AND o.available_at < $4;
 
 -- name: release
 -- $1 seqs, $2 token.
@@ -240,7 +254,15 @@ ORDER BY seq DESC
 LIMIT $3;
 
 -- name: count_by_status
-SELECT status, COUNT(*) FROM {table} GROUP BY status;
+-- $1 the held rows' due time: held rows are counted apart (count_held).
+SELECT status, COUNT(*) FROM {table}
+WHERE status NOT IN ('pending', 'failed') OR available_at < $1
+GROUP BY status;
+
+-- name: count_held
+-- Held rows, and the (target, key) pairs they hold back: $1 the held rows' due time.
+SELECT COUNT(*), COUNT(DISTINCT target, live_key) FROM {table}
+WHERE status IN ('pending', 'failed') AND available_at >= $1;
 
 -- name: live_by_target
 -- Rows still to deliver, per target.

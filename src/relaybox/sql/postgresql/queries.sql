@@ -210,8 +210,13 @@ WHERE (SELECT found FROM held) < $1::integer AND (SELECT bytes FROM held) < $8::
 -- and each row's error and retry looked up in one JSON object keyed by seq, rather than
 -- joined to the list, whose plan could scan the whole table.
 
+-- A row held meanwhile (available_at at the held time, $4 below: an operator held it
+-- between the read and the settle) stays held: a failed or abandoned settle leaves it
+-- alone, where a published one may still delete it (the message went out).
+
 -- name: fail_owned
--- $1 failures JSON [[seq, error, retry-in seconds], ...], $2 worker, $3 partition count.
+-- $1 failures JSON [[seq, error, retry-in seconds], ...], $2 worker, $3 partition count,
+-- $4 the held rows' due time.
 UPDATE {table} o
 SET status = 'failed', attempts = o.attempts + 1, last_error = f.by_seq -> o.seq::text ->> 1,
     available_at = now()
@@ -221,31 +226,56 @@ FROM (SELECT jsonb_object_agg(x ->> 0, x) AS by_seq
       FROM jsonb_array_elements($1::text::jsonb) AS x) AS f
 WHERE o.seq = ANY(ARRAY(SELECT (x ->> 0)::bigint
                         FROM jsonb_array_elements($1::text::jsonb) AS x))
+  AND o.available_at < $4::timestamptz
   AND ((o.target, o.partition % $3::integer) IN (
       SELECT p.target, p.partition FROM {table}_partitions p WHERE p.owner = $2::text)) IS TRUE;
 
 -- name: abandon_owned
--- $1 failures JSON [[seq, error], ...], $2 worker, $3 partition count. The rows move to
--- {table}_done with their error and one more attempt.
-WITH finished AS (
+-- $1 failures JSON [[seq, error], ...], $2 worker, $3 partition count, $4 whether to
+-- hold the keys, $5 the held rows' due time. The rows move to {table}_done with their
+-- error and one more attempt; with $4, a row with a key stays instead, held (failed,
+-- due at $5, with its error and the attempt counted), and its key's later rows wait
+-- behind it. One row: how many rows were held or moved (a statement's own count would
+-- say only one of the two).
+WITH held AS (
+    UPDATE {table} o
+    SET status = 'failed', attempts = o.attempts + 1, last_error = f.by_seq ->> o.seq::text,
+        available_at = $5::timestamptz,
+        locked_by = NULL, locked_until = NULL, lock_token = NULL
+    FROM (SELECT jsonb_object_agg(x ->> 0, x ->> 1) AS by_seq
+          FROM jsonb_array_elements($1::text::jsonb) AS x) AS f
+    WHERE $4::boolean AND o.key IS NOT NULL
+      AND o.seq = ANY(ARRAY(SELECT (x ->> 0)::bigint
+                            FROM jsonb_array_elements($1::text::jsonb) AS x))
+      AND o.available_at < $5::timestamptz
+      AND ((o.target, o.partition % $3::integer) IN (
+          SELECT p.target, p.partition FROM {table}_partitions p WHERE p.owner = $2::text))
+          IS TRUE
+    RETURNING o.seq
+), finished AS (
     DELETE FROM {table} o
     USING (SELECT jsonb_object_agg(x ->> 0, x ->> 1) AS by_seq
            FROM jsonb_array_elements($1::text::jsonb) AS x) AS f
     WHERE o.seq = ANY(ARRAY(SELECT (x ->> 0)::bigint
                             FROM jsonb_array_elements($1::text::jsonb) AS x))
+      AND NOT ($4::boolean AND o.key IS NOT NULL)
+      AND o.available_at < $5::timestamptz
       AND ((o.target, o.partition % $3::integer) IN (
           SELECT p.target, p.partition FROM {table}_partitions p WHERE p.owner = $2::text))
           IS TRUE
     RETURNING o.*, f.by_seq ->> o.seq::text AS error
+), moved AS (
+    INSERT INTO {table}_done (seq, status, attempts, available_at, abandoned_at, last_error,
+        id, target, external, topic, key, partition, type, content_type, payload, headers,
+        correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, created_at)
+    SELECT m.seq, 'abandoned', m.attempts + 1, m.available_at, now(), m.error,
+        m.id, m.target, m.external, m.topic, m.key, m.partition, m.type, m.content_type,
+        m.payload, m.headers, m.correlation_id, m.causation_id, m.tenant_id, m.aggregate_id,
+        m.occurred_at, m.created_at
+    FROM finished m
+    RETURNING 1
 )
-INSERT INTO {table}_done (seq, status, attempts, available_at, abandoned_at, last_error,
-    id, target, external, topic, key, partition, type, content_type, payload, headers,
-    correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, created_at)
-SELECT m.seq, 'abandoned', m.attempts + 1, m.available_at, now(), m.error,
-    m.id, m.target, m.external, m.topic, m.key, m.partition, m.type, m.content_type,
-    m.payload, m.headers, m.correlation_id, m.causation_id, m.tenant_id, m.aggregate_id,
-    m.occurred_at, m.created_at
-FROM finished m;
+SELECT (SELECT count(*) FROM held) + (SELECT count(*) FROM moved);
 
 -- name: delete_owned
 -- Published rows, deleted: $1 seqs (array text), $2 worker, $3 partition count.
@@ -299,7 +329,8 @@ DELETE FROM {table}
 WHERE seq = ANY($1::text::bigint[]) AND lock_token = $2::uuid AND status = 'processing';
 
 -- name: mark_failed
--- $1 failures JSON [[seq, error, retry-in seconds], ...], $2 token.
+-- $1 failures JSON [[seq, error, retry-in seconds], ...], $2 token, $3 the held rows' due
+-- time (a row held stays held, as in the settle above).
 UPDATE {table} o
 SET status = 'failed', attempts = o.attempts + 1, last_error = f.by_seq -> o.seq::text ->> 1,
     available_at = now()
@@ -308,27 +339,48 @@ SET status = 'failed', attempts = o.attempts + 1, last_error = f.by_seq -> o.seq
 FROM (SELECT jsonb_object_agg(x ->> 0, x) AS by_seq
       FROM jsonb_array_elements($1::text::jsonb) AS x) AS f
 WHERE o.seq = ANY(ARRAY(SELECT (x ->> 0)::bigint
-                        FROM jsonb_array_elements($1::text::jsonb) AS x)) AND o.lock_token = $2::uuid AND o.status = 'processing';
+                        FROM jsonb_array_elements($1::text::jsonb) AS x))
+  AND o.lock_token = $2::uuid AND o.status = 'processing' AND o.available_at < $3::timestamptz;
 
 -- name: abandon
--- Moved to {table}_done with the error and one more attempt.
--- $1 failures JSON [[seq, error], ...], $2 token.
-WITH finished AS (
+-- As abandon_owned, fenced by the claim's token: $1 failures JSON [[seq, error], ...],
+-- $2 token, $3 whether to hold the keys, $4 the held rows' due time. One row: how many
+-- rows were held or moved.
+WITH held AS (
+    UPDATE {table} o
+    SET status = 'failed', attempts = o.attempts + 1, last_error = f.by_seq ->> o.seq::text,
+        available_at = $4::timestamptz,
+        locked_by = NULL, locked_until = NULL, lock_token = NULL
+    FROM (SELECT jsonb_object_agg(x ->> 0, x ->> 1) AS by_seq
+          FROM jsonb_array_elements($1::text::jsonb) AS x) AS f
+    WHERE $3::boolean AND o.key IS NOT NULL
+      AND o.seq = ANY(ARRAY(SELECT (x ->> 0)::bigint
+                            FROM jsonb_array_elements($1::text::jsonb) AS x))
+      AND o.lock_token = $2::uuid AND o.status = 'processing'
+      AND o.available_at < $4::timestamptz
+    RETURNING o.seq
+), finished AS (
     DELETE FROM {table} o
     USING (SELECT jsonb_object_agg(x ->> 0, x ->> 1) AS by_seq
            FROM jsonb_array_elements($1::text::jsonb) AS x) AS f
     WHERE o.seq = ANY(ARRAY(SELECT (x ->> 0)::bigint
-                            FROM jsonb_array_elements($1::text::jsonb) AS x)) AND o.lock_token = $2::uuid AND o.status = 'processing'
+                            FROM jsonb_array_elements($1::text::jsonb) AS x))
+      AND NOT ($3::boolean AND o.key IS NOT NULL)
+      AND o.lock_token = $2::uuid AND o.status = 'processing'
+      AND o.available_at < $4::timestamptz
     RETURNING o.*, f.by_seq ->> o.seq::text AS error
+), moved AS (
+    INSERT INTO {table}_done (seq, status, attempts, available_at, abandoned_at, last_error,
+        id, target, external, topic, key, partition, type, content_type, payload, headers,
+        correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, created_at)
+    SELECT m.seq, 'abandoned', m.attempts + 1, m.available_at, now(), m.error,
+        m.id, m.target, m.external, m.topic, m.key, m.partition, m.type, m.content_type,
+        m.payload, m.headers, m.correlation_id, m.causation_id, m.tenant_id, m.aggregate_id,
+        m.occurred_at, m.created_at
+    FROM finished m
+    RETURNING 1
 )
-INSERT INTO {table}_done (seq, status, attempts, available_at, abandoned_at, last_error,
-    id, target, external, topic, key, partition, type, content_type, payload, headers,
-    correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, created_at)
-SELECT m.seq, 'abandoned', m.attempts + 1, m.available_at, now(), m.error,
-    m.id, m.target, m.external, m.topic, m.key, m.partition, m.type, m.content_type,
-    m.payload, m.headers, m.correlation_id, m.causation_id, m.tenant_id, m.aggregate_id,
-    m.occurred_at, m.created_at
-FROM finished m;
+SELECT (SELECT count(*) FROM held) + (SELECT count(*) FROM moved);
 
 -- name: release
 -- $1 seqs (array text), $2 token.
@@ -393,9 +445,16 @@ LIMIT $3::integer;
 SET LOCAL enable_seqscan = on;
 
 -- name: count_by_status
+-- $1 the held rows' due time: held rows are counted apart (count_held).
 SELECT status::text, count(*) FROM (
-    SELECT status FROM {table} UNION ALL SELECT status FROM {table}_done) AS rows
+    SELECT status FROM {table} WHERE available_at < $1::timestamptz
+    UNION ALL SELECT status FROM {table}_done) AS rows
 GROUP BY status;
+
+-- name: count_held
+-- Held rows, and the (target, key) pairs they hold back: $1 the held rows' due time.
+SELECT count(*), count(DISTINCT target || chr(31) || key) FROM {table}
+WHERE available_at >= $1::timestamptz AND status <> 'processing';
 
 -- name: live_by_target
 -- Rows still to deliver, per target (every row of {table} is live).

@@ -152,8 +152,13 @@ ORDER BY seq;
 -- a handful of rows (a drained outbox), walked the whole live index, and the list once
 -- per row. (A statement that starts with WITH would not report the rows it changed.)
 
+-- A row held meanwhile (available_at at the held time: an operator held it between the
+-- read and the settle) stays held: a failed or abandoned settle leaves it alone, where a
+-- published one may still delete it (the message went out).
+
 -- name: fail_owned
--- ?1 failures JSON [[seq, error, retry_in], ...], ?2 worker, ?3 partition count.
+-- ?1 failures JSON [[seq, error, retry_in], ...], ?2 worker, ?3 partition count, ?4 the
+-- held rows' due time.
 UPDATE {table} AS o
 SET status = 'failed', attempts = o.attempts + 1,
     last_error = json_extract(
@@ -164,21 +169,27 @@ SET status = 'failed', attempts = o.attempts + 1,
         '$."' || o.seq || '"[2]'))),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
 WHERE o.seq IN (SELECT json_extract(value, '$[0]') FROM json_each(?1))
-  AND o.status IN ('pending', 'processing', 'failed')
+  AND o.status IN ('pending', 'processing', 'failed') AND o.available_at < ?4
   AND (o.target, o."partition" % ?3) IN (
       SELECT target, "partition" FROM {table}_partitions WHERE owner = ?2);
 
 -- name: abandon_owned
--- ?1 failures JSON [[seq, error], ...], ?2 worker, ?3 partition count.
+-- ?1 failures JSON [[seq, error], ...], ?2 worker, ?3 partition count, ?4 whether to
+-- hold the keys, ?5 the held rows' due time. With ?4, a row with a key is not abandoned
+-- but held: failed, due at ?5, with its error and the attempt counted, so its key's
+-- later rows wait behind it.
 UPDATE {table} AS o
-SET status = 'abandoned', attempts = o.attempts + 1,
+SET status = CASE WHEN ?4 AND o."key" IS NOT NULL THEN 'failed' ELSE 'abandoned' END,
+    attempts = o.attempts + 1,
     last_error = json_extract(
         (SELECT json_group_object(json_extract(value, '$[0]'), value) FROM json_each(?1)),
         '$."' || o.seq || '"[1]'),
-    abandoned_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
+    abandoned_at = CASE WHEN ?4 AND o."key" IS NOT NULL THEN NULL
+                        ELSE strftime('%Y-%m-%d %H:%M:%f', 'now') END,
+    available_at = CASE WHEN ?4 AND o."key" IS NOT NULL THEN ?5 ELSE o.available_at END,
     locked_by = NULL, locked_until = NULL, lock_token = NULL
 WHERE o.seq IN (SELECT json_extract(value, '$[0]') FROM json_each(?1))
-  AND o.status IN ('pending', 'processing', 'failed')
+  AND o.status IN ('pending', 'processing', 'failed') AND o.available_at < ?5
   AND (o.target, o."partition" % ?3) IN (
       SELECT target, "partition" FROM {table}_partitions WHERE owner = ?2);
 
@@ -214,7 +225,8 @@ DELETE FROM {table}
 WHERE seq IN (SELECT value FROM json_each(?1)) AND lock_token = ?2 AND status = 'processing';
 
 -- name: mark_failed
--- ?1 failures JSON [[seq, error, retry_in], ...], ?2 token.
+-- ?1 failures JSON [[seq, error, retry_in], ...], ?2 token, ?3 the held rows' due time
+-- (a row held stays held, as in the settle above).
 UPDATE {table} AS o
 SET status = 'failed', attempts = o.attempts + 1,
     last_error = json_extract(
@@ -225,19 +237,23 @@ SET status = 'failed', attempts = o.attempts + 1,
         '$."' || o.seq || '"[2]'))),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
 WHERE o.seq IN (SELECT json_extract(value, '$[0]') FROM json_each(?1))
-  AND o.lock_token = ?2 AND o.status = 'processing';
+  AND o.lock_token = ?2 AND o.status = 'processing' AND o.available_at < ?3;
 
 -- name: abandon
--- ?1 failures JSON [[seq, error], ...], ?2 token.
+-- As abandon_owned, fenced by the claim's token: ?1 failures JSON [[seq, error], ...],
+-- ?2 token, ?3 whether to hold the keys, ?4 the held rows' due time.
 UPDATE {table} AS o
-SET status = 'abandoned', attempts = o.attempts + 1,
+SET status = CASE WHEN ?3 AND o."key" IS NOT NULL THEN 'failed' ELSE 'abandoned' END,
+    attempts = o.attempts + 1,
     last_error = json_extract(
         (SELECT json_group_object(json_extract(value, '$[0]'), value) FROM json_each(?1)),
         '$."' || o.seq || '"[1]'),
-    abandoned_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
+    abandoned_at = CASE WHEN ?3 AND o."key" IS NOT NULL THEN NULL
+                        ELSE strftime('%Y-%m-%d %H:%M:%f', 'now') END,
+    available_at = CASE WHEN ?3 AND o."key" IS NOT NULL THEN ?4 ELSE o.available_at END,
     locked_by = NULL, locked_until = NULL, lock_token = NULL
 WHERE o.seq IN (SELECT json_extract(value, '$[0]') FROM json_each(?1))
-  AND o.lock_token = ?2 AND o.status = 'processing';
+  AND o.lock_token = ?2 AND o.status = 'processing' AND o.available_at < ?4;
 
 -- name: release
 -- ?1 seqs JSON, ?2 token.
@@ -286,7 +302,15 @@ ORDER BY seq DESC
 LIMIT ?3;
 
 -- name: count_by_status
-SELECT status, count(*) FROM {table} GROUP BY status;
+-- ?1 the held rows' due time: held rows are counted apart (count_held).
+SELECT status, count(*) FROM {table}
+WHERE status NOT IN ('pending', 'failed') OR available_at < ?1
+GROUP BY status;
+
+-- name: count_held
+-- Held rows, and the (target, key) pairs they hold back: ?1 the held rows' due time.
+SELECT count(*), count(DISTINCT target || char(31) || "key") FROM {table}
+WHERE status IN ('pending', 'failed') AND available_at >= ?1;
 
 -- name: live_by_target
 -- Rows still to deliver, per target.
