@@ -448,7 +448,7 @@ class MemoryStorage:
             return MessageState.ABANDONED
         if row.status is Status.PUBLISHED:
             return MessageState.PUBLISHED
-        if row.available_at >= _HELD_AT:
+        if row.available_at >= _HELD:
             return MessageState.HELD
         if row.status is Status.PROCESSING and not row.due(now):
             return MessageState.IN_FLIGHT
@@ -554,7 +554,7 @@ class MemoryStorage:
             rows = self._in_state(seqs, now, _WAITING)
             for row in rows:
                 row.unlock(Status.FAILED)
-                row.available_at = _HELD_AT
+                row.available_at = _HELD
             self._audit_rows(rows, AuditAction.HOLD, change, now)
         return len(rows)
 
@@ -702,8 +702,6 @@ class MemoryStorage:
         """Nothing to release; the rows stay, as a database outlives its connections."""
 
 
-#: HELD_UNTIL on this backend's clock.
-_HELD_AT = HELD_UNTIL.timestamp()
 #: The live states a delay, an expedite or a hold applies to.
 _WAITING = frozenset({MessageState.PENDING, MessageState.DELAYED, MessageState.RETRYING})
 
