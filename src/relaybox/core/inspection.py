@@ -35,6 +35,9 @@ MAX_PAGE = 1000
 #: same rule that holds a key behind a backoff. An operator's release, replay or
 #: discard ends the hold. (Every database's date range reaches it.)
 HELD_UNTIL = datetime.datetime(9999, 12, 31, tzinfo=datetime.UTC)
+#: The longest delay an operator may give a message, in seconds (about 100 years): far
+#: within every database's date range, and short of HELD_UNTIL.
+MAX_DELAY = 100 * 365.25 * 86400.0
 
 
 class MessageState(enum.StrEnum):

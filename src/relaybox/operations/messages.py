@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from relaybox.core.inspection import (
+    MAX_DELAY,
     MAX_PAGE,
     MAX_SEQ,
     AuditAction,
@@ -245,8 +246,10 @@ class Operations:
         progress: Progress | None = None,
     ) -> Outcome:
         """Carry out a plan, oldest row first, a page per statement."""
-        if plan.action is AuditAction.DELAY and not delay > 0:
-            raise ConfigurationError("a delay is a number of seconds above 0")
+        if plan.action is AuditAction.DELAY and not 0 < delay <= MAX_DELAY:
+            raise ConfigurationError(
+                f"a delay is a number of seconds above 0, at most {MAX_DELAY:g}"
+            )
         changed = 0
         for start in range(0, plan.count, PAGE):
             page = plan.seqs[start : start + PAGE]

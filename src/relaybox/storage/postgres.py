@@ -212,6 +212,7 @@ class PostgresStorage(SqlStorage):
     _STATS_SCOPE = "stats_scope"
     #: The abandon steps move some rows and hold others in one statement.
     _COUNTED = frozenset({"abandon_owned", "abandon"})
+    _ONE_STATEMENT_CHANGES = True
     dialect = "postgresql"
     label = "PostgreSQL"
 

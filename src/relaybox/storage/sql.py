@@ -25,14 +25,28 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import datetime
 import json
 import logging
+import math
+import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
-from relaybox.core.inspection import HELD_UNTIL, RelayMember
+from relaybox.core.inspection import (
+    HELD_UNTIL,
+    MAX_DELAY,
+    MAX_SEQ,
+    AuditAction,
+    AuditRecord,
+    Change,
+    MessageDetail,
+    MessageFilter,
+    MessageSummary,
+    RelayMember,
+)
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import DEFAULT_TARGET
 from relaybox.core.partitions import (
@@ -50,10 +64,18 @@ from relaybox.core.records import (
     Settled,
 )
 from relaybox.core.urls import without_secrets
-from relaybox.errors import SchemaError, StorageError, StorageOperationalError
+from relaybox.errors import ConfigurationError, SchemaError, StorageError, StorageOperationalError
 from relaybox.sql.inserts import inserts
 from relaybox.sql.params import moment, native_style
-from relaybox.storage.rows import check_listing, decode_abandoned, lease_token, relay_members
+from relaybox.storage.rows import (
+    check_listing,
+    decode_abandoned,
+    decode_audit,
+    decode_detail,
+    decode_summary,
+    lease_token,
+    relay_members,
+)
 from relaybox.storage.urls import DatabaseUrl
 
 logger = logging.getLogger(__name__)
@@ -189,7 +211,7 @@ class SqlStorage(abc.ABC):
     def __init__(self, url: DatabaseUrl, *, table: str = DEFAULT_TABLE) -> None:
         self.table = table
         self._url = url
-        self._queries = sql.queries(self.dialect, table)
+        self._queries = directed(sql.queries(self.dialect, table))
         self._query_names = {query: name for name, query in self._queries.items()}
         #: The held rows' due time, as this dialect's queries take a time.
         self._held = moment(self.dialect, HELD_UNTIL)
@@ -231,6 +253,14 @@ class SqlStorage(abc.ABC):
     @abc.abstractmethod
     def _seqs(self, seqs: Seqs) -> Any:
         """A list of seqs as this dialect's queries take it in one parameter."""
+
+    def _value(self, value: datetime.datetime | uuid.UUID) -> Any:
+        """A time or a uuid as this dialect's queries take it (PostgreSQL: as is)."""
+        return value
+
+    #: Whether each operator's change is one statement that also writes its audit
+    #: records (PostgreSQL); elsewhere it takes three steps in one transaction.
+    _ONE_STATEMENT_CHANGES: ClassVar[bool] = False
 
     def _bind(self, name: str, args: Sequence[Any]) -> tuple[str, Sequence[Any]]:
         """A named query and its parameters as the driver takes them."""
@@ -483,8 +513,10 @@ class SqlStorage(abc.ABC):
                     break
         return total
 
-    async def replay(self, seqs: Sequence[int]) -> int:
-        return await self._execute("replay", Seqs(seqs)) if seqs else 0
+    async def replay(self, seqs: Sequence[int], change: Change | None = None) -> int:
+        return await self._operator_change(
+            "replay", AuditAction.REPLAY, seqs, change, check=self._held_check()
+        )
 
     async def abandoned(
         self, *, limit: int, before: int | None = None, target: str | None = None
@@ -526,6 +558,109 @@ class SqlStorage(abc.ABC):
 
         return await self._run(read, atomic=scope is not None)
 
+    # -- the operator's console --------------------------------------------------------
+
+    async def search(
+        self,
+        where: MessageFilter,
+        *,
+        limit: int,
+        after: int | None = None,
+        newest_first: bool = True,
+    ) -> list[MessageSummary]:
+        bounds = seq_bounds(where, after, newest_first=newest_first)
+        if bounds is None or check_listing(limit) == 0:
+            return []
+        keyed = where.target is not None and where.key is not None
+        name = ("search_key" if keyed else "search") + ("_desc" if newest_first else "_asc")
+        states = ",".join(sorted(where.states)) or None
+        rows = await self._fetch(
+            name, where.wants_live, where.wants_finished, states, where.target, where.topic,
+            where.key, where.type, None if where.id is None else self._value(where.id),
+            where.correlation_id, where.causation_id, where.tenant_id, where.aggregate_id,
+            *bounds, self._time(where.since), self._time(where.until), limit,
+            self._value(HELD_UNTIL),
+        )  # fmt: skip
+        return [decode_summary(row) for row in rows]
+
+    async def message(self, seq: int) -> MessageDetail | None:
+        if not 1 <= seq <= MAX_SEQ:
+            return None
+        rows = await self._fetch("message", seq, self._value(HELD_UNTIL))
+        return decode_detail(rows[0]) if rows else None
+
+    async def discard(self, seqs: Sequence[int], change: Change) -> int:
+        return await self._operator_change("discard", AuditAction.DISCARD, seqs, change)
+
+    async def reschedule(self, seqs: Sequence[int], *, delay: float, change: Change) -> int:
+        if not (math.isfinite(delay) and 0 <= delay <= MAX_DELAY):
+            raise ConfigurationError(f"a delay is 0 to {MAX_DELAY:g} seconds, not {delay}")
+        action = AuditAction.DELAY if delay > 0 else AuditAction.EXPEDITE
+        return await self._operator_change(
+            "reschedule", action, seqs, change, check=self._held_check(), values=[float(delay)]
+        )
+
+    async def release_held(self, seqs: Sequence[int], change: Change) -> int:
+        return await self._operator_change(
+            "release_held", AuditAction.RELEASE, seqs, change, check=self._held_check()
+        )
+
+    async def hold(self, seqs: Sequence[int], change: Change) -> int:
+        held = self._held_check()
+        return await self._operator_change(
+            "hold", AuditAction.HOLD, seqs, change, check=held, values=held
+        )
+
+    async def audit(self, *, limit: int, before: int | None = None) -> list[AuditRecord]:
+        rows = await self._fetch("audit", before, check_listing(limit))
+        return [decode_audit(row) for row in rows]
+
+    def _held_check(self) -> list[Any]:
+        """The held rows' due time, as the only argument of a state's check."""
+        return [self._held]
+
+    def _time(self, value: datetime.datetime | None) -> Any:
+        return None if value is None else self._value(value)
+
+    async def _operator_change(
+        self,
+        name: str,
+        action: AuditAction,
+        seqs: Sequence[int],
+        change: Change | None,
+        *,
+        check: Sequence[Any] = (),
+        values: Sequence[Any] = (),
+    ) -> int:
+        """Run the operator's change `name` over the rows of `seqs` still in a state it
+        applies to, with an audit record per row changed (none without `change`); how
+        many rows it changed. `check` goes to the test of a row's state, `values` to
+        the change itself."""
+        if not seqs:
+            return 0
+        chosen = Seqs(seqs)
+        record = (
+            (None, action.value, None) if change is None
+            else (change.actor, action.value, change.reason)
+        )  # fmt: skip
+
+        async def one_statement(session: Session) -> int:
+            return int(await session.one(name, chosen, *record, *check, *values))
+
+        async def steps(session: Session) -> int:
+            found = await session.fetch(f"{name}_pick", chosen, *check)
+            if not found:
+                return 0
+            picked = Seqs(int(seq) for (seq,) in found)
+            if change is not None:
+                await session.execute("audit_record", picked, *record)
+            await session.execute(name, picked, *values)
+            return len(picked)
+
+        if self._ONE_STATEMENT_CHANGES:
+            return await self._run(one_statement)
+        return await self._run(steps, atomic=True)
+
 
 def assignment(
     plan: Rebalance, taken: Iterable[int], live: int, served: frozenset[str]
@@ -544,6 +679,33 @@ async def _rolled_back(connection: Connection) -> bool:
     except Exception:  # noqa: BLE001 - the caller raises the original error
         return False
     return True
+
+
+def seq_bounds(
+    where: MessageFilter, after: int | None, *, newest_first: bool
+) -> tuple[int, int] | None:
+    """The lowest and highest seq a search page may hold: the filter's range, cut at the
+    cursor `after` (below it newest first, above it otherwise); None when empty."""
+    low, high = where.min_seq or 1, where.max_seq or MAX_SEQ
+    if after is not None:
+        if newest_first:
+            high = min(high, after - 1)
+        else:
+            low = max(low, after + 1)
+    return (low, high) if low <= high else None
+
+
+def directed(queries: dict[str, str]) -> dict[str, str]:
+    """The queries with every one whose order is left open (`{order}`) as two, named
+    with `_asc` and `_desc`: the database walks its index one way or the other."""
+    found = {}
+    for name, query in queries.items():
+        if "{order}" in query:
+            found[f"{name}_asc"] = query.replace("{order}", "ASC")
+            found[f"{name}_desc"] = query.replace("{order}", "DESC")
+        else:
+            found[name] = query
+    return found
 
 
 def _retrieved(call: asyncio.Future[Any]) -> None:
