@@ -87,9 +87,9 @@ def _apply_schema(dialect: str, url: str, table: str, db: Path, kind: sql.Kind) 
 
 #: The tables the migrations create beside the outbox table, by suffix.
 _SIDE_TABLES = {
-    "postgresql": ("_members", "_partitions", "_done", "_audit"),
-    "mysql": ("_key_locks", "_members", "_partitions", "_audit"),
-    "sqlite": ("_members", "_partitions", "_audit"),
+    "postgresql": ("_members", "_partitions", "_done", "_audit", "_backfills"),
+    "mysql": ("_key_locks", "_members", "_partitions", "_audit", "_backfills"),
+    "sqlite": ("_members", "_partitions", "_audit", "_backfills"),
 }
 
 

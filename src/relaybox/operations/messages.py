@@ -135,7 +135,7 @@ class Operations:
 
         storage = await open_storage(db_url, table=table)
         masked = DatabaseUrl.parse(db_url).masked
-        return cls(storage, name=f"{masked} {table}")  # type: ignore[arg-type]
+        return cls(storage, name=f"{masked} {table}")
 
     @classmethod
     @contextlib.asynccontextmanager

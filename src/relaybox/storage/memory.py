@@ -462,7 +462,7 @@ class MemoryStorage:
         self, seqs: Iterable[int], now: float, states: Collection[MessageState]
     ) -> list[_Row]:
         """Rows among `seqs` (each once) in one of `states`; call under the lock."""
-        found = (self._rows.get(seq) for seq in dict.fromkeys(seqs))
+        found = (self._rows.get(seq) for seq in sorted(set(seqs)))
         return [r for r in found if r is not None and self._state(r, now) in states]
 
     def _audit_rows(
@@ -724,9 +724,10 @@ def _matches(row: _Row, where: MessageFilter) -> bool:
         return False
     if where.max_seq is not None and row.seq > where.max_seq:
         return False
-    if where.since is not None and row.created_at < where.since.timestamp():
+    written = _utc(row.created_at)  # compared as the summaries show it, to the microsecond
+    if where.since is not None and written < where.since:
         return False
-    return where.until is None or row.created_at <= where.until.timestamp()
+    return where.until is None or written <= where.until
 
 
 def _finished_before(row: _Row, published: float, abandoned: float) -> bool:

@@ -12,7 +12,9 @@ from typing import Any
 from relaybox.core.inspection import (
     AuditAction,
     AuditRecord,
+    BackfillJob,
     MessageDetail,
+    MessageFilter,
     MessageState,
     MessageSummary,
     RelayMember,
@@ -248,3 +250,15 @@ def relay_members(
         )
         for worker, target, joined_at, lease_until in members
     ]  # fmt: skip
+
+
+def decode_backfill(row: Sequence[Any]) -> BackfillJob:
+    """A row of `backfill_job` (name, source, target, external, cursor_seq, copied,
+    actor, reason, created_at, finished_at)."""
+    name, source, target, external, cursor, copied, actor, reason, created, finished = row
+    return BackfillJob(
+        name=str(name), source=MessageFilter.from_json(str(source)), target=str(target),
+        external=bool(external), cursor=int(cursor), copied=int(copied), actor=str(actor),
+        reason=reason, created_at=as_utc(created),
+        finished_at=None if finished is None else as_utc(finished),
+    )  # fmt: skip

@@ -41,6 +41,7 @@ from relaybox.core.inspection import (
     MAX_SEQ,
     AuditAction,
     AuditRecord,
+    BackfillJob,
     Change,
     MessageDetail,
     MessageFilter,
@@ -71,6 +72,7 @@ from relaybox.storage.rows import (
     check_listing,
     decode_abandoned,
     decode_audit,
+    decode_backfill,
     decode_detail,
     decode_summary,
     lease_token,
@@ -614,6 +616,42 @@ class SqlStorage(abc.ABC):
     async def audit(self, *, limit: int, before: int | None = None) -> list[AuditRecord]:
         rows = await self._fetch("audit", before, check_listing(limit))
         return [decode_audit(row) for row in rows]
+
+    async def backfill_job(self, name: str) -> BackfillJob | None:
+        rows = await self._fetch("backfill_job", name)
+        return decode_backfill(rows[0]) if rows else None
+
+    async def backfill_begin(
+        self, name: str, *, source: MessageFilter, target: str, external: bool, change: Change
+    ) -> BackfillJob:
+        async def begin(session: Session) -> BackfillJob:
+            await session.execute(
+                "backfill_begin", name, source.to_json(), target, bool(external),
+                change.actor, change.reason,
+            )  # fmt: skip
+            (row,) = await session.fetch("backfill_job", name)
+            return decode_backfill(row)
+
+        return await self._run(begin, atomic=True)
+
+    async def backfill_copy(
+        self, name: str, rows: Sequence[InsertRow], *, cursor: int, finished: bool
+    ) -> bool:
+        statements = (
+            inserts(self.dialect, self.table, native_style(self.dialect), rows) if rows else []
+        )
+
+        async def copy(session: Session) -> bool:
+            moved = await session.execute(
+                "backfill_advance", name, int(cursor), len(rows), bool(finished)
+            )
+            if moved != 1:
+                return False
+            for statement in statements:
+                await session.connection.execute(statement.query, statement.params)
+            return True
+
+        return await self._run(copy, atomic=True)
 
     def _held_check(self) -> list[Any]:
         """The held rows' due time, as the only argument of a state's check."""

@@ -600,3 +600,26 @@ ORDER BY target, worker;
 SELECT target, owner, `partition` FROM {table}_partitions
 WHERE owner IS NOT NULL AND lease_until >= UTC_TIMESTAMP(6)
 ORDER BY target, owner, `partition`;
+
+-- name: backfill_job
+-- $1 name.
+SELECT name, source, target, external, cursor_seq, copied, actor, reason, created_at,
+       finished_at
+FROM {table}_backfills WHERE name = $1;
+
+-- name: backfill_begin
+-- $1 name, $2 source filter (JSON), $3 target, $4 external, $5 actor, $6 reason: a new
+-- backfill, or none when one of that name exists.
+INSERT IGNORE INTO {table}_backfills (name, source, target, external, actor, reason)
+VALUES ($1, $2, $3, $4, $5, $6);
+
+-- name: backfill_advance
+-- $1 name, $2 the new cursor, $3 copies written with it, $4 finished: moves a running
+-- backfill's cursor forward (or, with nothing copied, only marks it finished). It
+-- changes no row when another run moved the cursor there first: the caller then
+-- writes nothing.
+UPDATE {table}_backfills
+SET cursor_seq = CASE WHEN cursor_seq < $2 THEN $2 ELSE cursor_seq END,
+    copied = copied + $3, updated_at = UTC_TIMESTAMP(6),
+    finished_at = CASE WHEN $4 THEN UTC_TIMESTAMP(6) ELSE NULL END
+WHERE name = $1 AND finished_at IS NULL AND (cursor_seq < $2 OR ($3 = 0 AND $4));

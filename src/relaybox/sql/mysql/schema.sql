@@ -105,3 +105,21 @@ CREATE TABLE IF NOT EXISTS {table}_audit (
     `key`      VARCHAR(255) NULL,
     PRIMARY KEY (id)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- Backfills: retained messages copied again, in seq order, as new messages to a target.
+-- cursor_seq is the seq of the last source message copied; it moves in the transaction
+-- that writes the copies, so a backfill stopped anywhere goes on from there.
+CREATE TABLE IF NOT EXISTS {table}_backfills (
+    name        VARCHAR(200) NOT NULL,
+    source      TEXT NOT NULL,
+    target      VARCHAR(64) NOT NULL,
+    external    BOOLEAN NOT NULL,
+    cursor_seq  BIGINT NOT NULL DEFAULT 0,
+    copied      BIGINT NOT NULL DEFAULT 0,
+    actor       VARCHAR(255) NOT NULL,
+    reason      TEXT NULL,
+    created_at  DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    updated_at  DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    finished_at DATETIME(6) NULL,
+    PRIMARY KEY (name)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

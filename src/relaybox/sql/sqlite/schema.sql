@@ -91,3 +91,20 @@ CREATE TABLE IF NOT EXISTS {table}_audit (
     target     TEXT NOT NULL,
     "key"      TEXT
 );
+
+-- Backfills: retained messages copied again, in seq order, as new messages to a target.
+-- cursor_seq is the seq of the last source message copied; it moves in the transaction
+-- that writes the copies, so a backfill stopped anywhere goes on from there.
+CREATE TABLE IF NOT EXISTS {table}_backfills (
+    name        TEXT PRIMARY KEY,
+    source      TEXT NOT NULL,
+    target      TEXT NOT NULL,
+    external    INTEGER NOT NULL,
+    cursor_seq  INTEGER NOT NULL DEFAULT 0,
+    copied      INTEGER NOT NULL DEFAULT 0,
+    actor       TEXT NOT NULL,
+    reason      TEXT,
+    created_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+    updated_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+    finished_at TEXT
+);

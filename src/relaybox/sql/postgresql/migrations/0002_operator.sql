@@ -1,4 +1,4 @@
--- Migration 0002: the audit of operators' changes (schema.sql is the whole current
+-- Migration 0002: the audit of operators' changes and backfills (schema.sql is the whole current
 -- schema; tests/migration holds the two to each other).
 
 -- The operator's changes, one record per message changed: who, when, what and why.
@@ -19,3 +19,20 @@ CREATE TABLE IF NOT EXISTS {table}_audit (
 -- serves it among live ones. Only rows kept under a retention enter it.
 CREATE INDEX IF NOT EXISTS {prefix}_keyed_done_ix ON {table}_done (target, key, seq)
     WHERE key IS NOT NULL;
+
+-- Backfills: retained messages copied again, in seq order, as new messages to a target.
+-- cursor_seq is the seq of the last source message copied; it moves in the transaction
+-- that writes the copies, so a backfill stopped anywhere goes on from there.
+CREATE TABLE IF NOT EXISTS {table}_backfills (
+    name        text PRIMARY KEY,
+    source      text NOT NULL,
+    target      text COLLATE "C" NOT NULL,
+    external    boolean NOT NULL,
+    cursor_seq  bigint NOT NULL DEFAULT 0,
+    copied      bigint NOT NULL DEFAULT 0,
+    actor       text NOT NULL,
+    reason      text,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz
+);
