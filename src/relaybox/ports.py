@@ -229,7 +229,7 @@ class InspectionStorage(Storage, Protocol):
         """Hold these live rows (not in flight): the relay leaves them, and the later
         rows of their (target, key), until they are released, replayed or discarded."""
 
-    async def release(self, seqs: Sequence[int], change: Change) -> int:
+    async def release_held(self, seqs: Sequence[int], change: Change) -> int:
         """Held rows become due now with a fresh attempt count."""
 
     async def audit(self, *, limit: int, before: int | None = None) -> list[AuditRecord]:

@@ -1,4 +1,5 @@
-"""`relaybox status`, `relaybox abandoned` and `relaybox replay` on real tables."""
+"""The operator commands on real tables: `relaybox status`, `abandoned`, `messages`,
+`show`, and the changes (`replay`, `discard`, `delay`, `expedite`, `hold`, `release`)."""
 
 from __future__ import annotations
 
@@ -135,6 +136,7 @@ def test_replay_by_seq_then_all(outbox: tuple[str, str, dict[str, int]]) -> None
     assert (code, out.strip()) == (0, "replayed 1 message(s)")
     code, out, _ = _cli("replay", "--db", url, "--table", table, "--all", stdin="n\n")
     assert code == 1  # declined: nothing replayed
+    assert "would replay 1 message(s) of 1 key(s)" in out
     code, out, _ = _cli("abandoned", "--db", url, "--table", table, "--json")
     assert [m["key"] for m in json.loads(out)] == ["c"]
     code, out, _ = _cli("replay", "--db", url, "--table", table, "--all", "--yes")
@@ -154,7 +156,8 @@ def test_status_exits_2_when_it_cannot_read_the_table() -> None:
 
 async def test_replay_all_goes_oldest_first_page_by_page(monkeypatch: pytest.MonkeyPatch) -> None:
     """So that a key's later message never becomes pending before its earlier one."""
-    from relaybox.operations import admin
+    from relaybox.core.inspection import AuditAction, Change, MessageFilter
+    from relaybox.operations.messages import Operations
     from relaybox.storage.memory import MemoryStorage
 
     storage = MemoryStorage()
@@ -165,17 +168,117 @@ async def test_replay_all_goes_oldest_first_page_by_page(monkeypatch: pytest.Mon
     calls: list[list[int]] = []
     replay = storage.replay
 
-    async def recorded(seqs: list[int]) -> int:
+    async def recorded(seqs: list[int], change: Change | None = None) -> int:
         calls.append(list(seqs))
-        return await replay(seqs)
-
-    async def opened(url: str, *, table: str) -> MemoryStorage:
-        return storage
+        return await replay(seqs, change)
 
     monkeypatch.setattr(storage, "replay", recorded)
-    monkeypatch.setattr(storage, "close", lambda: asyncio.sleep(0))
-    monkeypatch.setattr(admin, "open_storage", opened)
-    assert await admin.replay("memory://", "t", every=True) == 1200
+    operations = Operations(storage, name="t")  # type: ignore[arg-type]
+    outcome = await operations.act(AuditAction.REPLAY, MessageFilter(), Change("ops"))
+    assert outcome.changed == 1200
     flat = [seq for call in calls for seq in call]
     assert flat == sorted(m.seq for m in read)
     assert len(calls) == 3  # pages of 500
+
+
+def test_messages_finds_by_key_and_state_and_exits_1_when_nothing_matched(
+    outbox: tuple[str, str, dict[str, int]],
+) -> None:
+    url, table, seqs = outbox
+    where = ("--db", url, "--table", table)
+    code, out, _ = _cli("messages", *where, "--key", "a", "--json")
+    assert code == 0
+    (found,) = json.loads(out)["messages"]
+    assert (found["seq"], found["state"], found["last_error"]) == (
+        seqs["a"], "abandoned", "NOT_FOUND: no stream",
+    )  # fmt: skip
+    code, out, _ = _cli("messages", *where, "--state", "pending")
+    assert code == 0
+    assert "key=b" in out
+    assert "key=a" not in out
+    code, _, err = _cli("messages", *where, "--key", "nobody")
+    assert code == 1
+    assert "no message matched" in err
+    code, _, err = _cli("messages", *where, "--since", "yesterday")
+    assert code == 2
+    assert "ISO 8601" in err
+
+
+def test_messages_pages_follow_the_cursor(outbox: tuple[str, str, dict[str, int]]) -> None:
+    url, table, _ = outbox
+    where = ("--db", url, "--table", table, "--order", "oldest", "--limit", "2", "--json")
+    code, out, _ = _cli("messages", *where)
+    assert code == 0, out
+    first = json.loads(out)
+    assert [m["key"] for m in first["messages"]] == ["a", "b"]
+    code, out, _ = _cli("messages", *where, "--after", str(first["next_after"]))
+    assert code == 0, out
+    second = json.loads(out)
+    assert ([m["key"] for m in second["messages"]], second["next_after"]) == (["c"], None)
+
+
+def test_show_prints_the_message_and_its_key_queue(outbox: tuple[str, str, dict[str, int]]) -> None:
+    url, table, seqs = outbox
+    where = ("--db", url, "--table", table)
+    code, out, _ = _cli("show", *where, str(seqs["b"]))
+    assert code == 0, out
+    assert "state           pending" in out
+    assert "waits for (0):" in out
+    code, out, _ = _cli("show", *where, str(seqs["b"]), "--json")
+    shown = json.loads(out)
+    assert shown["payload"]["kind"] in {"json", "text", "hex"}
+    assert shown["queue"] == {"ahead": [], "behind": [], "more_behind": False,
+                              "published_after": []}  # fmt: skip
+    code, _, err = _cli("show", *where, "999999")
+    assert code == 1
+    assert "no message with seq 999999" in err
+
+
+def test_a_dry_run_changes_nothing_and_the_change_is_audited(
+    outbox: tuple[str, str, dict[str, int]],
+) -> None:
+    url, table, seqs = outbox
+    where = ("--db", url, "--table", table)
+    code, out, _ = _cli("discard", *where, "--target", "partner", "--dry-run")
+    assert code == 0, out
+    assert "would discard 1 message(s) of 1 key(s)" in out
+    assert "partner/c" in out
+    code, out, _ = _cli("messages", *where, "--key", "c", "--json")
+    assert json.loads(out)["messages"][0]["state"] == "abandoned"
+    code, out, _ = _cli("discard", *where, "--target", "partner", "--yes", "--by", "ana",
+                        "--reason", "poison", "--json")  # fmt: skip
+    assert code == 0, out
+    assert (json.loads(out)["changed"], json.loads(out)["seqs"]) == (1, [seqs["c"]])
+    code, _, _ = _cli("messages", *where, "--key", "c")
+    assert code == 1
+
+
+def test_hold_then_release_a_key_and_delay_then_expedite(
+    outbox: tuple[str, str, dict[str, int]],
+) -> None:
+    url, table, seqs = outbox
+    where = ("--db", url, "--table", table)
+
+    def state(key: str) -> str:
+        code, out, _ = _cli("messages", *where, "--key", key, "--json")
+        assert code == 0, out
+        return str(json.loads(out)["messages"][0]["state"])
+
+    code, out, _ = _cli("hold", *where, "--key", "b", "--yes")
+    assert (code, out.strip()) == (0, "held 1 message(s)")
+    assert state("b") == "held"
+    code, _, err = _cli("hold", *where, "--key", "b", "--yes")
+    assert code == 1
+    assert "nothing held" in err
+    code, out, _ = _cli("release", *where, str(seqs["b"]))
+    assert (code, out.strip()) == (0, "released 1 message(s)")
+    assert state("b") == "pending"
+    code, out, _ = _cli("delay", *where, str(seqs["b"]), "--seconds", "3600")
+    assert (code, out.strip()) == (0, "delayed 1 message(s)")
+    assert state("b") == "delayed"
+    code, out, _ = _cli("expedite", *where, str(seqs["b"]))
+    assert (code, out.strip()) == (0, "expedited 1 message(s)")
+    assert state("b") == "pending"
+    code, _, err = _cli("delay", *where, str(seqs["b"]))
+    assert code == 2
+    assert "--seconds" in err

@@ -160,9 +160,10 @@ def test_replaying_a_seq_that_is_not_there_says_so_and_fails(migrated: str) -> N
     assert "seqs run from 1 to" in result.stderr
 
 
-def test_replay_all_with_nothing_abandoned_says_so(migrated: str) -> None:
+def test_replay_all_with_nothing_abandoned_says_so_and_fails(migrated: str) -> None:
     result = _cli("replay", "--db", migrated, "--all", "--yes")
-    assert (result.exit_code, result.stdout.strip()) == (0, "no abandoned messages to replay")
+    assert result.exit_code == 1
+    assert "nothing replayed: no message matched that is abandoned or held" in result.stderr
 
 
 @pytest.mark.parametrize("limit", ["99999999999999999999", "0", "-3"])

@@ -30,6 +30,14 @@ class _LazyGroup(click.Group):
         "relay": "relaybox.cli.relay:relay",
         "bench": "relaybox.tools.bench:bench",
         "demo": "relaybox.tools.demo:demo",
+        "messages": "relaybox.cli.messages:messages",
+        "show": "relaybox.cli.messages:show",
+        "replay": "relaybox.cli.messages:replay",
+        "discard": "relaybox.cli.messages:discard",
+        "delay": "relaybox.cli.messages:delay",
+        "expedite": "relaybox.cli.messages:expedite",
+        "hold": "relaybox.cli.messages:hold",
+        "release": "relaybox.cli.messages:release",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -195,36 +203,3 @@ def abandoned(db_url: str, table: str, as_json: bool, limit: int, target: str | 
         output.line(f"{m.seq:>10}  {when}  {m.target}  {m.topic}  key={m.key}  "
                     f"attempts={m.attempts}  id={m.id}")  # fmt: skip
         output.line(f"{'':>12}{m.last_error or '(no error recorded)'}")
-
-
-@main.command()
-@_DB
-@_TABLE
-@click.argument("seqs", nargs=-1, type=int)
-@click.option("--all", "every", is_flag=True, help="Every abandoned message (of --target).")
-@click.option("--target", default=None, help="With --all: only this target's.")
-@click.option("--yes", is_flag=True, help="Do not ask before --all.")
-def replay(
-    db_url: str, table: str, seqs: tuple[int, ...], every: bool, target: str | None, yes: bool
-) -> None:
-    """Make abandoned messages pending again, with a fresh attempt count: the SEQS given
-    (see `relaybox abandoned`), or --all of them. Exits 1 when a seq given is not an
-    abandoned message."""
-    if target is not None and not every:
-        raise click.UsageError("--target goes with --all")
-    if every and not yes:
-        which = f"target {target}'s" if target else "every"
-        click.confirm(f"Replay {which} abandoned message in {table}?", abort=True)
-    count = _run(admin.replay(db_url, table, seqs=seqs, every=every, target=target))
-    named = len(set(seqs))
-    if count < named:
-        found = (
-            f"replayed {count} of {named} message(s): the other {named - count} are not"
-            if count
-            else "nothing replayed: none of the seqs given is"
-        )
-        raise output.Failure(
-            f"{found} abandoned in {table} (published, pending or not there); "
-            "`relaybox abandoned` lists those that are"
-        )
-    output.line(f"replayed {count} message(s)" if count else "no abandoned messages to replay")

@@ -1,6 +1,6 @@
-"""What an operator asks of an outbox table without a relay: `relaybox status`,
-`relaybox abandoned` and `relaybox replay` (investigate abandoned messages before the
-cleanup removes the evidence, then replay them).
+"""What an operator asks of an outbox table without a relay: `relaybox status` and
+`relaybox abandoned` (investigate abandoned messages before the cleanup removes the
+evidence; relaybox.operations.messages replays them).
 
 Each call opens its own storage on the table and closes it again.
 """
@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 from relaybox.core.records import AbandonedMessage, OutboxStats
 from relaybox.errors import ConfigurationError
 from relaybox.ports import OperatorStorage
 from relaybox.storage import open_storage
 
-#: Rows listed, or replayed, per query.
-PAGE = 500
 #: The most `abandoned` lists at once: what every database takes as a LIMIT.
 MAX_LIMIT = 2**31 - 1
-#: The largest seq a table can hold (a signed 64-bit integer).
-MAX_SEQ = 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,35 +68,3 @@ async def list_abandoned(
         raise ConfigurationError(f"--limit {limit}: list between 1 and {MAX_LIMIT} messages")
     async with _opened(db_url, table) as storage:
         return await storage.abandoned(limit=limit, target=target)
-
-
-async def replay(
-    db_url: str, table: str, *, seqs: Sequence[int] = (), every: bool = False,
-    target: str | None = None,
-) -> int:  # fmt: skip
-    """Make abandoned rows pending again with a fresh attempt count: those of `seqs`,
-    or with `every`, all of them (of `target`). Returns how many were replayed; a seq
-    that is not abandoned (published, pending, gone) is left alone."""
-    if seqs and every:
-        raise ConfigurationError("replay the seqs given or every abandoned message, not both")
-    if not seqs and not every:
-        raise ConfigurationError("name the seqs of abandoned messages to replay, or all of them")
-    outside = [seq for seq in seqs if not 1 <= seq <= MAX_SEQ]
-    if outside:
-        raise ConfigurationError(f"seq {outside[0]}: seqs run from 1 to {MAX_SEQ}")
-    async with _opened(db_url, table) as storage:
-        if seqs:
-            return await storage.replay(sorted(set(seqs)))
-        found: list[int] = []
-        before = None
-        while page := await storage.abandoned(limit=PAGE, before=before, target=target):
-            before = page[-1].seq
-            found += (m.seq for m in page)
-        # Oldest first: when a key's later message becomes pending, its earlier one
-        # already is (or is published), so the relay still sends them in order. Newest
-        # first, a later message could go out before its predecessor was replayed.
-        found.sort()
-        replayed = 0
-        for start in range(0, len(found), PAGE):
-            replayed += await storage.replay(found[start : start + PAGE])
-        return replayed

@@ -284,7 +284,7 @@ class Operations:
         if action is AuditAction.HOLD:
             return await storage.hold(seqs, change)
         if action is AuditAction.RELEASE:
-            return await storage.release(seqs, change)
+            return await storage.release_held(seqs, change)
         raise ConfigurationError(f"{action} is not a change of messages")
 
     async def _all(self, where: MessageFilter | None) -> list[MessageSummary]:

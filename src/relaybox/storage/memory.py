@@ -24,6 +24,16 @@ import uuid
 from collections.abc import Callable, Collection, Iterable, Sequence
 
 from relaybox.core.identifiers import DEFAULT_TABLE, validate_table_name
+from relaybox.core.inspection import (
+    HELD_UNTIL,
+    AuditAction,
+    AuditRecord,
+    Change,
+    MessageDetail,
+    MessageFilter,
+    MessageState,
+    MessageSummary,
+)
 from relaybox.core.lifecycle import LIVE_STATES, Status
 from relaybox.core.message import DEFAULT_TARGET
 from relaybox.core.partitions import DEFAULT_PARTITIONS, rebalance, require_partitions
@@ -75,6 +85,7 @@ class _Row:
     published_at: float | None = None
     abandoned_at: float | None = None
     last_error: str | None = None
+    created_at: float = 0.0
 
     def due(self, now: float) -> bool:
         if self.status is Status.PROCESSING:
@@ -137,6 +148,8 @@ class MemoryStorage:
         #: (target, partition) -> (owner, lease_until)
         self._owners: dict[tuple[str, int], tuple[str, float]] = {}
         self._lock = threading.Lock()
+        self._audit: list[AuditRecord] = []
+        self._audit_ids = itertools.count(1)
 
     def insert(self, rows: Sequence[InsertRow]) -> list[int]:
         """Insert rows at once (all or none) and return their seqs; usable from sync code."""
@@ -155,7 +168,7 @@ class MemoryStorage:
         return _Row(
             next(self._seqs), id_, target, bool(external), topic, key, int(partition), type_,
             content_type, bytes(payload), headers, correlation_id, causation_id, tenant_id,
-            aggregate_id, as_utc(occurred_at), now + float(delay or 0.0),
+            aggregate_id, as_utc(occurred_at), now + float(delay or 0.0), created_at=now,
         )  # fmt: skip
 
     async def write(self, rows: Sequence[InsertRow]) -> None:
@@ -391,15 +404,149 @@ class MemoryStorage:
                 del self._rows[seq]
         return len(old)
 
-    async def replay(self, seqs: Sequence[int]) -> int:
+    async def replay(self, seqs: Sequence[int], change: Change | None = None) -> int:
         with self._lock:
             now = self._clock()
-            found = (self._rows.get(seq) for seq in dict.fromkeys(seqs))
-            rows = [r for r in found if r and r.status is Status.ABANDONED]
+            rows = self._in_state(seqs, now, {MessageState.ABANDONED, MessageState.HELD})
             for row in rows:
                 row.status, row.attempts, row.available_at = Status.PENDING, 0, now
                 row.abandoned_at = None
+            if change is not None:
+                self._audit_rows(rows, AuditAction.REPLAY, change, now)
         return len(rows)
+
+    # -- the operator's console ---------------------------------------------------------
+
+    def _state(self, row: _Row, now: float) -> MessageState:  # noqa: PLR0911
+        """As the SQL backends derive it from the row's columns."""
+        if row.status is Status.ABANDONED:
+            return MessageState.ABANDONED
+        if row.status is Status.PUBLISHED:
+            return MessageState.PUBLISHED
+        if row.available_at >= _HELD_AT:
+            return MessageState.HELD
+        if row.status is Status.PROCESSING and not row.due(now):
+            return MessageState.IN_FLIGHT
+        if row.attempts > 0 or row.status is Status.FAILED:
+            return MessageState.RETRYING
+        if row.available_at > now:
+            return MessageState.DELAYED
+        return MessageState.PENDING
+
+    def _in_state(
+        self, seqs: Iterable[int], now: float, states: Collection[MessageState]
+    ) -> list[_Row]:
+        """Rows among `seqs` (each once) in one of `states`; call under the lock."""
+        found = (self._rows.get(seq) for seq in dict.fromkeys(seqs))
+        return [r for r in found if r is not None and self._state(r, now) in states]
+
+    def _audit_rows(
+        self, rows: Iterable[_Row], action: AuditAction, change: Change, now: float
+    ) -> None:
+        at = _utc(now)
+        for row in rows:
+            record = AuditRecord(
+                next(self._audit_ids), at, change.actor, action, change.reason, row.seq,
+                row.id, row.target, row.key,
+            )  # fmt: skip
+            self._audit.append(record)
+
+    def _summary(self, row: _Row, now: float) -> MessageSummary:
+        state = self._state(row, now)
+        return MessageSummary(
+            seq=row.seq, id=row.id, state=state, target=row.target, topic=row.topic,
+            key=row.key, type=row.type, attempts=row.attempts,
+            created_at=_utc(row.created_at),
+            available_at=_utc(row.available_at) if state.live else None,
+            occurred_at=row.occurred_at,
+            published_at=None if row.published_at is None else _utc(row.published_at),
+            abandoned_at=None if row.abandoned_at is None else _utc(row.abandoned_at),
+            last_error=row.last_error, correlation_id=row.correlation_id,
+        )  # fmt: skip
+
+    async def search(
+        self,
+        where: MessageFilter,
+        *,
+        limit: int,
+        after: int | None = None,
+        newest_first: bool = True,
+    ) -> list[MessageSummary]:
+        check_listing(limit)
+        with self._lock:
+            now = self._clock()
+            rows = reversed(self._rows.values()) if newest_first else iter(self._rows.values())
+            found: list[MessageSummary] = []
+            for row in rows:
+                if len(found) >= limit:
+                    break
+                if after is not None and (row.seq >= after if newest_first else row.seq <= after):
+                    continue
+                if _matches(row, where) and (
+                    not where.states or self._state(row, now) in where.states
+                ):
+                    found.append(self._summary(row, now))
+        return found
+
+    async def message(self, seq: int) -> MessageDetail | None:
+        with self._lock:
+            row = self._rows.get(seq)
+            if row is None:
+                return None
+            return MessageDetail(
+                summary=self._summary(row, self._clock()), external=row.external,
+                partition=row.partition, content_type=row.content_type, payload=row.payload,
+                headers=json.loads(row.headers), causation_id=row.causation_id,
+                tenant_id=row.tenant_id, aggregate_id=row.aggregate_id,
+                locked_by=row.locked_by,
+                locked_until=None if row.locked_until is None else _utc(row.locked_until),
+            )  # fmt: skip
+
+    async def discard(self, seqs: Sequence[int], change: Change) -> int:
+        with self._lock:
+            now = self._clock()
+            rows = self._in_state(seqs, now, set(MessageState) - {MessageState.IN_FLIGHT})
+            self._audit_rows(rows, AuditAction.DISCARD, change, now)
+            for row in rows:
+                del self._rows[row.seq]
+        return len(rows)
+
+    async def reschedule(self, seqs: Sequence[int], *, delay: float, change: Change) -> int:
+        with self._lock:
+            now = self._clock()
+            rows = self._in_state(seqs, now, _WAITING)
+            for row in rows:
+                row.available_at = now + float(delay)
+                if row.status is Status.PROCESSING:  # a lease that ran out: pending again
+                    row.unlock(Status.PENDING if row.attempts == 0 else Status.FAILED)
+            action = AuditAction.DELAY if delay > 0 else AuditAction.EXPEDITE
+            self._audit_rows(rows, action, change, now)
+        return len(rows)
+
+    async def hold(self, seqs: Sequence[int], change: Change) -> int:
+        with self._lock:
+            now = self._clock()
+            rows = self._in_state(seqs, now, _WAITING)
+            for row in rows:
+                row.unlock(Status.FAILED)
+                row.available_at = _HELD_AT
+            self._audit_rows(rows, AuditAction.HOLD, change, now)
+        return len(rows)
+
+    async def release_held(self, seqs: Sequence[int], change: Change) -> int:
+        with self._lock:
+            now = self._clock()
+            rows = self._in_state(seqs, now, {MessageState.HELD})
+            for row in rows:
+                row.status, row.attempts, row.available_at = Status.PENDING, 0, now
+            self._audit_rows(rows, AuditAction.RELEASE, change, now)
+        return len(rows)
+
+    async def audit(self, *, limit: int, before: int | None = None) -> list[AuditRecord]:
+        check_listing(limit)
+        with self._lock:
+            found = [r for r in reversed(self._audit) if before is None or r.id < before]
+        return found[:limit]
 
     async def abandoned(
         self, *, limit: int, before: int | None = None, target: str | None = None
@@ -475,6 +622,35 @@ class MemoryStorage:
 
     async def close(self) -> None:
         """Nothing to release; the rows stay, as a database outlives its connections."""
+
+
+#: HELD_UNTIL on this backend's clock.
+_HELD_AT = HELD_UNTIL.timestamp()
+#: The live states a delay, an expedite or a hold applies to.
+_WAITING = frozenset({MessageState.PENDING, MessageState.DELAYED, MessageState.RETRYING})
+
+
+def _utc(seconds: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+
+
+def _matches(row: _Row, where: MessageFilter) -> bool:
+    """Every field `where` gives, except its states, matches `row`."""
+    fields = (
+        (where.target, row.target), (where.topic, row.topic), (where.key, row.key),
+        (where.type, row.type), (where.id, row.id), (where.correlation_id, row.correlation_id),
+        (where.causation_id, row.causation_id), (where.tenant_id, row.tenant_id),
+        (where.aggregate_id, row.aggregate_id),
+    )  # fmt: skip
+    if any(wanted is not None and wanted != value for wanted, value in fields):
+        return False
+    if where.min_seq is not None and row.seq < where.min_seq:
+        return False
+    if where.max_seq is not None and row.seq > where.max_seq:
+        return False
+    if where.since is not None and row.created_at < where.since.timestamp():
+        return False
+    return where.until is None or row.created_at <= where.until.timestamp()
 
 
 def _finished_before(row: _Row, published: float, abandoned: float) -> bool:
