@@ -23,7 +23,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relaybox.console import views
 from relaybox.console.guard import COOKIE, SESSION_SECONDS, Guard, same_origin
+from relaybox.core.inspection import MAX_PAGE, MessageFilter, MessageState
 from relaybox.errors import ConfigurationError, RelayboxError, StorageError
+from relaybox.operations import views as shapes
 from relaybox.operations.messages import Operations
 
 #: The largest request body read (an action names at most views.MAX_NAMED seqs).
@@ -44,6 +46,10 @@ _ASSETS = {
     "static/console.js": ("console.js", "text/javascript; charset=utf-8"),
     "static/console.css": ("console.css", "text/css; charset=utf-8"),
 }
+
+#: Held rows count as pending or retrying in a table's counts by status; the overview
+#: counts them apart (up to a page of them).
+_HELD = frozenset({MessageState.HELD})
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -139,10 +145,11 @@ class _Api:
     # -- reading -----------------------------------------------------------------------
 
     async def tables(self, request: Request) -> Response:
-        found = [
-            views.table_json(index, table.name, await table.stats())
-            for index, table in enumerate(self.tables_)
-        ]
+        found = []
+        for index, table in enumerate(self.tables_):
+            held = await table.search(MessageFilter(states=_HELD), limit=MAX_PAGE)
+            shown = views.table_json(index, table.name, await table.stats())
+            found.append({**shown, "held": len(held.messages), "held_more": bool(held.next_after)})
         return JSONResponse({"tables": found})
 
     async def search(self, request: Request) -> Response:
@@ -154,7 +161,7 @@ class _Api:
         )
         return JSONResponse(
             {
-                "messages": [views.summary_json(row) for row in page.messages],
+                "messages": [shapes.summary(row) for row in page.messages],
                 "next_after": page.next_after,
             }
         )
@@ -164,7 +171,7 @@ class _Api:
         view = await table.show(request.path_params["seq"])
         if view is None:
             return _error(404, f"no message with seq {request.path_params['seq']}")
-        return JSONResponse(views.view_json(view))
+        return JSONResponse(shapes.message(view))
 
     async def audit(self, request: Request) -> Response:
         table = self._table(request)
@@ -173,7 +180,7 @@ class _Api:
         more = len(records) == limit
         return JSONResponse(
             {
-                "records": [views.audit_json(record) for record in records],
+                "records": [shapes.audit(record) for record in records],
                 "next_before": records[-1].id if more and records else None,
             }
         )
@@ -195,7 +202,7 @@ class _Api:
         outcome = await table.act(
             action, selection, change, dry_run=dry_run, delay=views.delay_of(body)
         )
-        return JSONResponse(views.outcome_json(outcome))
+        return JSONResponse(shapes.outcome(outcome))
 
     def _table(self, request: Request) -> Operations:
         index: int = request.path_params["table"]

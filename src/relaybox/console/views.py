@@ -1,5 +1,6 @@
-"""The console's JSON: what a request's query or body asks for, read into the operations
-module's types, and what the operations return, written as plain JSON values.
+"""The console's requests: what a query or a body asks for, read into the operations
+module's types. What the operations return is written by relaybox.operations.views, the
+shapes the command line's --json prints too; a table's counts are written here.
 
 Everything a request carries is hostile until read here: a bad value is a
 ConfigurationError naming the parameter, which the application answers with a 400.
@@ -18,16 +19,13 @@ from relaybox.core.inspection import (
     MAX_PAGE,
     MAX_SEQ,
     AuditAction,
-    AuditRecord,
     Change,
-    MessageDetail,
     MessageFilter,
     MessageState,
-    MessageSummary,
 )
 from relaybox.core.records import OutboxStats
 from relaybox.errors import ConfigurationError
-from relaybox.operations.messages import KeyQueue, MessageView, Outcome, Selection
+from relaybox.operations.messages import Selection
 
 #: The actions a request may ask for (a backfill has its own command).
 ACTIONS = frozenset(AuditAction) - {AuditAction.BACKFILL}
@@ -168,107 +166,7 @@ def table_json(index: int, name: str, stats: OutboxStats) -> dict[str, Any]:
     }
 
 
-def summary_json(row: MessageSummary) -> dict[str, Any]:
-    return {
-        "seq": row.seq,
-        "id": str(row.id),
-        "state": str(row.state),
-        "target": row.target,
-        "topic": row.topic,
-        "key": row.key,
-        "type": row.type,
-        "attempts": row.attempts,
-        "created_at": _time(row.created_at),
-        "available_at": _time(row.available_at),
-        "occurred_at": _time(row.occurred_at),
-        "published_at": _time(row.published_at),
-        "abandoned_at": _time(row.abandoned_at),
-        "last_error": row.last_error,
-        "correlation_id": row.correlation_id,
-    }
-
-
-def view_json(view: MessageView) -> dict[str, Any]:
-    detail = view.detail
-    return {
-        "message": {**summary_json(detail.summary), **_detail_json(detail)},
-        "queue": None if view.queue is None else _queue_json(view.queue),
-    }
-
-
-def outcome_json(outcome: Outcome) -> dict[str, Any]:
-    plan = outcome.plan
-    return {
-        "action": str(plan.action),
-        "dry_run": outcome.dry_run,
-        "count": plan.count,
-        "changed": outcome.changed,
-        "seqs": plan.seqs,
-        "keys": [{"target": target, "key": key} for target, key in plan.keys],
-        "published_ahead": [summary_json(row) for row in plan.published_ahead],
-    }
-
-
-def audit_json(record: AuditRecord) -> dict[str, Any]:
-    return {
-        "id": record.id,
-        "at": _time(record.at),
-        "actor": record.actor,
-        "action": str(record.action),
-        "reason": record.reason,
-        "seq": record.seq,
-        "message_id": str(record.message_id),
-        "target": record.target,
-        "key": record.key,
-    }
-
-
-def payload_json(content_type: str, payload: bytes) -> dict[str, str]:
-    """How the console shows a payload: pretty JSON when it says it is JSON and parses,
-    else its text when it is UTF-8, else its bytes in hex."""
-    try:
-        text = payload.decode("utf-8")
-    except UnicodeDecodeError:
-        return {"format": "hex", "text": payload.hex(" ")}
-    if "json" in content_type.lower():
-        try:
-            parsed = json.loads(text)
-        except ValueError:
-            pass
-        else:
-            return {"format": "json", "text": json.dumps(parsed, indent=2, ensure_ascii=False)}
-    return {"format": "text", "text": text}
-
-
 # -- inside ----------------------------------------------------------------------------
-
-
-def _detail_json(detail: MessageDetail) -> dict[str, Any]:
-    return {
-        "external": detail.external,
-        "partition": detail.partition,
-        "content_type": detail.content_type,
-        "payload": payload_json(detail.content_type, detail.payload),
-        "headers": dict(sorted(detail.headers.items())),
-        "causation_id": detail.causation_id,
-        "tenant_id": detail.tenant_id,
-        "aggregate_id": detail.aggregate_id,
-        "locked_by": detail.locked_by,
-        "locked_until": _time(detail.locked_until),
-    }
-
-
-def _queue_json(queue: KeyQueue) -> dict[str, Any]:
-    return {
-        "ahead": [summary_json(row) for row in queue.ahead],
-        "behind": [summary_json(row) for row in queue.behind],
-        "more_behind": queue.more_behind,
-        "published_after": [summary_json(row) for row in queue.published_after],
-    }
-
-
-def _time(value: datetime.datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
 
 
 def _one(fields: Mapping[str, Sequence[str]], name: str) -> str | None:

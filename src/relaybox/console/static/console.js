@@ -135,7 +135,10 @@ async function overview() {
         el("a", { href: `#/t/${table.index}/search?state=abandoned` }, "Abandoned"),
         el("a", { href: `#/t/${table.index}/search?state=held` }, "Held"),
         el("a", { href: `#/t/${table.index}/audit` }, "Audit")),
-      el("h3", {}, "Messages by status"), el("table", { class: "counts" }, counts),
+      el("h3", {}, "Messages by status"), el("table", { class: "counts" }, counts,
+        el("tr", {}, el("th", {}, "held (of the above)"), el("td", {}, table.held
+          ? el("a", { href: `#/t/${table.index}/search?state=held` }, `${table.held}${table.held_more ? "+" : ""}`)
+          : "0"))),
       el("h3", {}, "Still to deliver, by target"),
       targets.length ? el("table", { class: "targets" }, targets) : el("p", { class: "note" }, "None."),
       el("p", { class: "note" },
@@ -213,15 +216,14 @@ function queueList(table, title, rows, empty) {
 }
 
 async function message(table, seq) {
-  const view = await api(`api/tables/${table}/messages/${seq}`);
-  const m = view.message;
-  const queue = view.queue;
+  const m = await api(`api/tables/${table}/messages/${seq}`);
+  const queue = m.queue;
   const parts = [
     el("h2", {}, `Message #${m.seq} `, stateBadge(m.state)),
     el("h3", {}, "Envelope"),
     fieldTable([["id", m.id], ["target", m.target], ["topic", m.topic], ["key", m.key],
       ["type", m.type], ["partition", m.partition], ["external", m.external],
-      ["content type", m.content_type], ["correlation id", m.correlation_id],
+      ["content type", m.payload.content_type], ["correlation id", m.correlation_id],
       ["causation id", m.causation_id], ["tenant id", m.tenant_id],
       ["aggregate id", m.aggregate_id], ["occurred", m.occurred_at], ["written", m.created_at]]),
     el("h3", {}, "Delivery"),
@@ -232,7 +234,7 @@ async function message(table, seq) {
     m.last_error === null ? el("p", { class: "note" }, "None.") : el("pre", { id: "last-error" }, m.last_error),
     el("h3", {}, "Headers"),
     Object.keys(m.headers).length ? fieldTable(Object.entries(m.headers)) : el("p", { class: "note" }, "None."),
-    el("h3", {}, `Payload (${m.payload.format})`),
+    el("h3", {}, `Payload (${m.payload.kind}, ${m.payload.size} bytes${m.payload.truncated ? ", cut short" : ""})`),
     el("pre", { id: "payload" }, m.payload.text),
   ];
   if (queue === null) {
@@ -254,7 +256,7 @@ async function message(table, seq) {
 // -- actions -------------------------------------------------------------------------
 
 function describe(outcome) {
-  const n = outcome.count;
+  const n = outcome.matched;
   if (!n) return `Nothing to ${outcome.action}: no message selected is in a state it applies to.`;
   const keys = outcome.keys.map((k) => keyName(k.target, k.key));
   let text = `Will ${outcome.action} ${n} message${n === 1 ? "" : "s"} (${outcome.seqs.map((s) => `#${s}`).join(", ")})`;
@@ -286,13 +288,13 @@ function actionsPanel(table, selection, what, done) {
         try {
           const result = await post(`api/tables/${table}/actions/${action}`, body(false));
           outcome.replaceChildren(el("p", { class: "done", id: "done" },
-            `Done: ${action} changed ${result.changed} of ${result.count} message${result.count === 1 ? "" : "s"}.`,
+            `Done: ${action} changed ${result.changed} of ${result.matched} message${result.matched === 1 ? "" : "s"}.`,
             " ", el("button", { type: "button", onclick: done }, "Reload")));
         } catch (error) { outcome.replaceChildren(errorBox(error)); }
       } }, `Confirm ${action}`);
       const cancel = el("button", { type: "button", onclick: () => outcome.replaceChildren() }, "Cancel");
       outcome.replaceChildren(el("div", { class: "preview", id: "preview" },
-        el("p", {}, describe(preview)), preview.count ? confirm : null, cancel));
+        el("p", {}, describe(preview)), preview.matched ? confirm : null, cancel));
     } catch (error) { outcome.replaceChildren(errorBox(error)); }
   };
   return el("section", { class: "actions" },
