@@ -54,7 +54,7 @@ function errorBox(error) {
 }
 
 function show(...nodes) {
-  document.getElementById("main").replaceChildren(...nodes);
+  document.getElementById("main").replaceChildren(...nodes.filter((node) => node !== null));
 }
 
 function stateBadge(state) {
