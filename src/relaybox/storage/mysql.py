@@ -21,6 +21,7 @@ SELECTs).
 from __future__ import annotations
 
 import asyncio
+import datetime
 import functools
 import itertools
 import json
@@ -233,6 +234,12 @@ class MySQLStorage(SqlStorage):
 
     def _seqs(self, seqs: Seqs) -> Seqs:
         return seqs  # spread by _bind
+
+    def _value(self, value: datetime.datetime | uuid.UUID) -> Any:
+        """Times as naive UTC (DATETIME(6) has no zone), uuids as text."""
+        if isinstance(value, uuid.UUID):
+            return str(value)
+        return value.astimezone(datetime.UTC).replace(tzinfo=None)
 
     def _bind(self, name: str, args: Sequence[Any]) -> tuple[str, Sequence[Any]]:
         return bind_numbered(self._queries[name], args)

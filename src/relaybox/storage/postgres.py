@@ -210,6 +210,7 @@ class PostgresStorage(SqlStorage):
     #: hash aggregate, four times slower at 100k rows. They get them back, in their
     #: own transaction only.
     _STATS_SCOPE = "stats_scope"
+    _ONE_STATEMENT_CHANGES = True
     dialect = "postgresql"
     label = "PostgreSQL"
 

@@ -9,6 +9,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from relaybox.core.inspection import (
+    AuditAction,
+    AuditRecord,
+    MessageDetail,
+    MessageState,
+    MessageSummary,
+)
 from relaybox.core.records import AbandonedMessage, StoredMessage
 
 #: The column order every backend's claim returns (PostgreSQL's read adds `blocked`).
@@ -151,3 +158,74 @@ def check_listing(limit: int) -> int:
     if limit < 0:
         raise ValueError("limit must not be negative")
     return int(limit)
+
+
+def _optional_time(value: Any) -> datetime.datetime | None:
+    return None if value is None else as_utc(value)
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+def decode_summary(row: Sequence[Any]) -> MessageSummary:
+    """A row of a search (SUMMARY_COLUMNS: seq, id, state, target, topic, key, type,
+    attempts, created_at, available_at, occurred_at, published_at, abandoned_at,
+    last_error, correlation_id)."""
+    (seq, id_, state, target, topic, key, type_, attempts, created_at, available_at,
+     occurred_at, published_at, abandoned_at, last_error, correlation_id) = row[:15]  # fmt: skip
+    return MessageSummary(
+        seq=int(seq),
+        id=_uuid(id_),
+        state=MessageState(state),
+        target=target,
+        topic=topic,
+        key=key,
+        type=type_,
+        attempts=int(attempts),
+        created_at=as_utc(created_at),
+        available_at=_optional_time(available_at),
+        occurred_at=as_utc(occurred_at),
+        published_at=_optional_time(published_at),
+        abandoned_at=_optional_time(abandoned_at),
+        last_error=last_error,
+        correlation_id=correlation_id,
+    )
+
+
+def decode_detail(row: Sequence[Any]) -> MessageDetail:
+    """A row of the `message` query: the summary's columns, then external, partition,
+    content_type, payload, headers, causation_id, tenant_id, aggregate_id, locked_by,
+    locked_until."""
+    (external, partition, content_type, payload, headers, causation_id, tenant_id,
+     aggregate_id, locked_by, locked_until) = row[15:25]  # fmt: skip
+    return MessageDetail(
+        summary=decode_summary(row),
+        external=bool(external),
+        partition=int(partition),
+        content_type=content_type,
+        payload=bytes(payload),
+        headers={str(k): str(v) for k, v in headers_of(headers).items()},
+        causation_id=causation_id,
+        tenant_id=tenant_id,
+        aggregate_id=aggregate_id,
+        locked_by=locked_by,
+        locked_until=_optional_time(locked_until),
+    )
+
+
+def decode_audit(row: Sequence[Any]) -> AuditRecord:
+    """A row of the `audit` query (id, at, actor, action, reason, seq, message_id,
+    target, key)."""
+    id_, at, actor, action, reason, seq, message_id, target, key = row
+    return AuditRecord(
+        id=int(id_),
+        at=as_utc(at),
+        actor=actor,
+        action=AuditAction(action),
+        reason=reason,
+        seq=int(seq),
+        message_id=_uuid(message_id),
+        target=target,
+        key=key,
+    )

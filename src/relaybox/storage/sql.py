@@ -25,13 +25,26 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import datetime
 import json
 import logging
+import math
+import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
-from typing import Any, ClassVar, Protocol, Self, TypeVar
+from typing import Any, ClassVar, Protocol, Self, TypeVar, overload
 
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
+from relaybox.core.inspection import (
+    HELD_UNTIL,
+    MAX_SEQ,
+    AuditAction,
+    AuditRecord,
+    Change,
+    MessageDetail,
+    MessageFilter,
+    MessageSummary,
+)
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import DEFAULT_TARGET
 from relaybox.core.partitions import (
@@ -49,10 +62,17 @@ from relaybox.core.records import (
     Settled,
 )
 from relaybox.core.urls import without_secrets
-from relaybox.errors import SchemaError, StorageError, StorageOperationalError
+from relaybox.errors import ConfigurationError, SchemaError, StorageError, StorageOperationalError
 from relaybox.sql.inserts import inserts
 from relaybox.sql.params import native_style
-from relaybox.storage.rows import check_listing, decode_abandoned, lease_token
+from relaybox.storage.rows import (
+    check_listing,
+    decode_abandoned,
+    decode_audit,
+    decode_detail,
+    decode_summary,
+    lease_token,
+)
 from relaybox.storage.urls import DatabaseUrl
 
 logger = logging.getLogger(__name__)
@@ -185,7 +205,7 @@ class SqlStorage(abc.ABC):
     def __init__(self, url: DatabaseUrl, *, table: str = DEFAULT_TABLE) -> None:
         self.table = table
         self._url = url
-        self._queries = sql.queries(self.dialect, table)
+        self._queries = directed(sql.queries(self.dialect, table))
         self._query_names = {query: name for name, query in self._queries.items()}
         self._connection: Connection | None = None
         self._lock = asyncio.Lock()
@@ -225,6 +245,14 @@ class SqlStorage(abc.ABC):
     @abc.abstractmethod
     def _seqs(self, seqs: Seqs) -> Any:
         """A list of seqs as this dialect's queries take it in one parameter."""
+
+    def _value(self, value: datetime.datetime | uuid.UUID) -> Any:
+        """A time or a uuid as this dialect's queries take it (PostgreSQL: as is)."""
+        return value
+
+    #: Whether each operator's change is one statement that also writes its audit
+    #: records (PostgreSQL); elsewhere it takes three steps in one transaction.
+    _ONE_STATEMENT_CHANGES: ClassVar[bool] = False
 
     def _bind(self, name: str, args: Sequence[Any]) -> tuple[str, Sequence[Any]]:
         """A named query and its parameters as the driver takes them."""
@@ -434,10 +462,24 @@ class SqlStorage(abc.ABC):
             return 0
         return await self._execute("abandon", _failures(failures, retry=False), lease_token(token))
 
-    async def release(self, token: str, seqs: Sequence[int]) -> int:
-        if not seqs:
+    @overload
+    async def release(self, token: str, seqs: Sequence[int], /) -> int: ...
+    @overload
+    async def release(self, seqs: Sequence[int], change: Change, /) -> int: ...
+    async def release(self, first: str | Sequence[int], second: Sequence[int] | Change, /) -> int:
+        """Two ports name a release: a row-lease relay gives back rows it claimed (a
+        token, then seqs), and an operator releases held rows (seqs, then a change)."""
+        if isinstance(second, Change):
+            if isinstance(first, str):
+                raise TypeError("an operator's release takes seqs, then the change")
+            return await self._change(
+                "release_held", AuditAction.RELEASE, first, second, check=self._held()
+            )
+        if not isinstance(first, str):
+            raise TypeError("a row-lease release takes the claim's token, then seqs")
+        if not second:
             return 0
-        return await self._execute("release", Seqs(seqs), lease_token(token))
+        return await self._execute("release", Seqs(second), lease_token(first))
 
     async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
         if not seqs:
@@ -461,8 +503,8 @@ class SqlStorage(abc.ABC):
                     break
         return total
 
-    async def replay(self, seqs: Sequence[int]) -> int:
-        return await self._execute("replay", Seqs(seqs)) if seqs else 0
+    async def replay(self, seqs: Sequence[int], change: Change | None = None) -> int:
+        return await self._change("replay", AuditAction.REPLAY, seqs, change, check=self._held())
 
     async def abandoned(
         self, *, limit: int, before: int | None = None, target: str | None = None
@@ -493,6 +535,102 @@ class SqlStorage(abc.ABC):
 
         return await self._run(read, atomic=scope is not None)
 
+    # -- the operator's console --------------------------------------------------------
+
+    async def search(
+        self,
+        where: MessageFilter,
+        *,
+        limit: int,
+        after: int | None = None,
+        newest_first: bool = True,
+    ) -> list[MessageSummary]:
+        bounds = seq_bounds(where, after, newest_first=newest_first)
+        if bounds is None or check_listing(limit) == 0:
+            return []
+        keyed = where.target is not None and where.key is not None
+        name = ("search_key" if keyed else "search") + ("_desc" if newest_first else "_asc")
+        states = ",".join(sorted(where.states)) or None
+        rows = await self._fetch(
+            name, where.wants_live, where.wants_finished, states, where.target, where.topic,
+            where.key, where.type, None if where.id is None else self._value(where.id),
+            where.correlation_id, where.causation_id, where.tenant_id, where.aggregate_id,
+            *bounds, self._time(where.since), self._time(where.until), limit,
+            self._value(HELD_UNTIL),
+        )  # fmt: skip
+        return [decode_summary(row) for row in rows]
+
+    async def message(self, seq: int) -> MessageDetail | None:
+        if not 1 <= seq <= MAX_SEQ:
+            return None
+        rows = await self._fetch("message", seq, self._value(HELD_UNTIL))
+        return decode_detail(rows[0]) if rows else None
+
+    async def discard(self, seqs: Sequence[int], change: Change) -> int:
+        return await self._change("discard", AuditAction.DISCARD, seqs, change)
+
+    async def reschedule(self, seqs: Sequence[int], *, delay: float, change: Change) -> int:
+        if not (math.isfinite(delay) and 0 <= delay <= MAX_DELAY):
+            raise ConfigurationError(f"a delay is 0 to {MAX_DELAY:g} seconds, not {delay}")
+        action = AuditAction.DELAY if delay > 0 else AuditAction.EXPEDITE
+        return await self._change(
+            "reschedule", action, seqs, change, check=self._held(), values=[float(delay)]
+        )
+
+    async def hold(self, seqs: Sequence[int], change: Change) -> int:
+        held = self._held()
+        return await self._change("hold", AuditAction.HOLD, seqs, change, check=held, values=held)
+
+    async def audit(self, *, limit: int, before: int | None = None) -> list[AuditRecord]:
+        rows = await self._fetch("audit", before, check_listing(limit))
+        return [decode_audit(row) for row in rows]
+
+    def _held(self) -> list[Any]:
+        """The held rows' due time, as the only argument of a state's check."""
+        return [self._value(HELD_UNTIL)]
+
+    def _time(self, value: datetime.datetime | None) -> Any:
+        return None if value is None else self._value(value)
+
+    async def _change(
+        self,
+        name: str,
+        action: AuditAction,
+        seqs: Sequence[int],
+        change: Change | None,
+        *,
+        check: Sequence[Any] = (),
+        values: Sequence[Any] = (),
+    ) -> int:
+        """Run the operator's change `name` over the rows of `seqs` still in a state it
+        applies to, with an audit record per row changed (none without `change`); how
+        many rows it changed. `check` goes to the test of a row's state, `values` to
+        the change itself."""
+        if not seqs:
+            return 0
+        chosen = Seqs(seqs)
+        record = (
+            (None, action.value, None) if change is None
+            else (change.actor, action.value, change.reason)
+        )  # fmt: skip
+
+        async def one_statement(session: Session) -> int:
+            return int(await session.one(name, chosen, *record, *check, *values))
+
+        async def steps(session: Session) -> int:
+            found = await session.fetch(f"{name}_pick", chosen, *check)
+            if not found:
+                return 0
+            picked = Seqs(int(seq) for (seq,) in found)
+            if change is not None:
+                await session.execute("audit_record", picked, *record)
+            await session.execute(name, picked, *values)
+            return len(picked)
+
+        if self._ONE_STATEMENT_CHANGES:
+            return await self._run(one_statement)
+        return await self._run(steps, atomic=True)
+
 
 def assignment(
     plan: Rebalance, taken: Iterable[int], live: int, served: frozenset[str]
@@ -511,6 +649,38 @@ async def _rolled_back(connection: Connection) -> bool:
     except Exception:  # noqa: BLE001 - the caller raises the original error
         return False
     return True
+
+
+#: The longest delay an operator may give a row: about 100 years, far within every
+#: database's date range and short of the held rows' due time.
+MAX_DELAY = 100 * 365.25 * 86400.0
+
+
+def seq_bounds(
+    where: MessageFilter, after: int | None, *, newest_first: bool
+) -> tuple[int, int] | None:
+    """The lowest and highest seq a search page may hold: the filter's range, cut at the
+    cursor `after` (below it newest first, above it otherwise); None when empty."""
+    low, high = where.min_seq or 1, where.max_seq or MAX_SEQ
+    if after is not None:
+        if newest_first:
+            high = min(high, after - 1)
+        else:
+            low = max(low, after + 1)
+    return (low, high) if low <= high else None
+
+
+def directed(queries: dict[str, str]) -> dict[str, str]:
+    """The queries with every one whose order is left open (`{order}`) as two, named
+    with `_asc` and `_desc`: the database walks its index one way or the other."""
+    found = {}
+    for name, query in queries.items():
+        if "{order}" in query:
+            found[f"{name}_asc"] = query.replace("{order}", "ASC")
+            found[f"{name}_desc"] = query.replace("{order}", "DESC")
+        else:
+            found[name] = query
+    return found
 
 
 def _retrieved(call: asyncio.Future[Any]) -> None:

@@ -14,6 +14,7 @@ placeholder, and never a value, into SQL text. Needs SQLite 3.35 (RETURNING).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import sqlite3
 import uuid
@@ -113,6 +114,14 @@ class SQLiteStorage(SqlStorage):
 
     def _seqs(self, seqs: Seqs) -> str:
         return json.dumps(seqs)
+
+    def _value(self, value: datetime.datetime | uuid.UUID) -> Any:
+        """Times as the table's UTC text, to the millisecond as SQLite's clock writes
+        them (so a time read back from a row compares equal to it), uuids as text."""
+        if isinstance(value, uuid.UUID):
+            return str(value)
+        utc = value.astimezone(datetime.UTC)
+        return f"{utc:%Y-%m-%d %H:%M:%S}.{utc.microsecond // 1000:03d}"
 
     async def claim(
         self,

@@ -224,12 +224,6 @@ WHERE abandoned_at < UTC_TIMESTAMP(6) - INTERVAL ROUND($1 * 1000000) MICROSECOND
 ORDER BY abandoned_at
 LIMIT $2;
 
--- name: replay
--- $1 seqs.
-UPDATE {table}
-SET status = 'pending', attempts = 0, available_at = UTC_TIMESTAMP(6), abandoned_at = NULL
-WHERE status = 'abandoned' AND seq IN ($1);
-
 -- name: abandoned
 -- Abandoned rows, newest first: $1 seq below which to list (NULL: from the newest), $2
 -- target (NULL: any), $3 limit.
@@ -238,6 +232,215 @@ FROM {table}
 WHERE status = 'abandoned' AND ($1 IS NULL OR seq < $1) AND ($2 IS NULL OR target = $2)
 ORDER BY seq DESC
 LIMIT $3;
+
+-- The operator's console. Live and finished rows share this table; a row's state is
+-- read off it, by the database's clock: abandoned or published (finished), else held
+-- (due at the held rows' due time, HELD_UNTIL), in flight (leased, the lease running),
+-- retrying (attempted before, or failed), delayed (not due yet), pending.
+-- A search walks the primary key within a seq range, in {order} (ASC or DESC: the
+-- storage runs each as two queries), and stops at the limit; with a target and a key,
+-- live rows come from the key index instead, merged with the finished rows of that key.
+-- Parameters, the same on every dialect: $1 whether live rows are wanted, $2 whether
+-- finished ones are, $3 the states wanted (comma-separated, NULL: any), $4 target, $5
+-- topic, $6 key, $7 type, $8 id, $9 correlation id, $10 causation id, $11 tenant id, $12
+-- aggregate id (each NULL: any), $13 and $14 the lowest and highest seq, $15 and $16
+-- the earliest and latest created_at (NULL: open), $17 limit, $18 the held rows' due
+-- time.
+
+-- name: search
+SELECT * FROM (
+    SELECT o.seq, o.id,
+        CASE WHEN o.status IN ('published', 'abandoned') THEN o.status
+             WHEN o.available_at >= $18 THEN 'held'
+             WHEN o.status = 'processing' AND o.locked_until > UTC_TIMESTAMP(6) THEN 'in_flight'
+             WHEN o.attempts > 0 OR o.status = 'failed' THEN 'retrying'
+             WHEN o.available_at > UTC_TIMESTAMP(6) THEN 'delayed'
+             ELSE 'pending' END AS state,
+        o.target, o.topic, o.`key`, o.type, o.attempts, o.created_at,
+        CASE WHEN o.status IN ('pending', 'processing', 'failed') THEN o.available_at END
+            AS available_at,
+        o.occurred_at, o.published_at, o.abandoned_at, o.last_error, o.correlation_id
+    FROM {table} o FORCE INDEX (PRIMARY)
+    WHERE o.seq BETWEEN $13 AND $14
+      AND (($1 AND o.status IN ('pending', 'processing', 'failed'))
+           OR ($2 AND o.status IN ('published', 'abandoned')))
+      AND ($4 IS NULL OR o.target = $4)
+      AND ($5 IS NULL OR o.topic = $5)
+      AND ($6 IS NULL OR o.`key` = $6)
+      AND ($7 IS NULL OR o.type = $7)
+      AND ($8 IS NULL OR o.id = $8)
+      AND ($9 IS NULL OR o.correlation_id = $9)
+      AND ($10 IS NULL OR o.causation_id = $10)
+      AND ($11 IS NULL OR o.tenant_id = $11)
+      AND ($12 IS NULL OR o.aggregate_id = $12)
+      AND ($15 IS NULL OR o.created_at >= $15)
+      AND ($16 IS NULL OR o.created_at <= $16)) AS s
+WHERE $3 IS NULL OR FIND_IN_SET(s.state, $3) > 0
+ORDER BY s.seq {order}
+LIMIT $17;
+
+-- name: search_key
+SELECT * FROM (
+    (SELECT * FROM (
+        SELECT o.seq, o.id,
+            CASE WHEN o.available_at >= $18 THEN 'held'
+                 WHEN o.status = 'processing' AND o.locked_until > UTC_TIMESTAMP(6)
+                     THEN 'in_flight'
+                 WHEN o.attempts > 0 OR o.status = 'failed' THEN 'retrying'
+                 WHEN o.available_at > UTC_TIMESTAMP(6) THEN 'delayed'
+                 ELSE 'pending' END AS state,
+            o.target, o.topic, o.`key`, o.type, o.attempts, o.created_at, o.available_at,
+            o.occurred_at, o.published_at, o.abandoned_at, o.last_error, o.correlation_id
+        FROM {table} o FORCE INDEX ({prefix}_key_ix)
+        WHERE $1 AND o.target = $4 AND o.live_key = $6 AND o.seq BETWEEN $13 AND $14
+          AND ($5 IS NULL OR o.topic = $5)
+          AND ($7 IS NULL OR o.type = $7)
+          AND ($8 IS NULL OR o.id = $8)
+          AND ($9 IS NULL OR o.correlation_id = $9)
+          AND ($10 IS NULL OR o.causation_id = $10)
+          AND ($11 IS NULL OR o.tenant_id = $11)
+          AND ($12 IS NULL OR o.aggregate_id = $12)
+          AND ($15 IS NULL OR o.created_at >= $15)
+          AND ($16 IS NULL OR o.created_at <= $16)) AS s
+     WHERE $3 IS NULL OR FIND_IN_SET(s.state, $3) > 0
+     ORDER BY s.seq {order}
+     LIMIT $17)
+    UNION ALL
+    (SELECT o.seq, o.id, o.status AS state, o.target, o.topic, o.`key`, o.type,
+        o.attempts, o.created_at, NULL AS available_at, o.occurred_at, o.published_at,
+        o.abandoned_at, o.last_error, o.correlation_id
+     FROM {table} o FORCE INDEX (PRIMARY)
+     WHERE $2 AND o.status IN ('published', 'abandoned') AND o.seq BETWEEN $13 AND $14
+       AND o.target = $4 AND o.`key` = $6
+       AND ($3 IS NULL OR FIND_IN_SET(o.status, $3) > 0)
+       AND ($5 IS NULL OR o.topic = $5)
+       AND ($7 IS NULL OR o.type = $7)
+       AND ($8 IS NULL OR o.id = $8)
+       AND ($9 IS NULL OR o.correlation_id = $9)
+       AND ($10 IS NULL OR o.causation_id = $10)
+       AND ($11 IS NULL OR o.tenant_id = $11)
+       AND ($12 IS NULL OR o.aggregate_id = $12)
+       AND ($15 IS NULL OR o.created_at >= $15)
+       AND ($16 IS NULL OR o.created_at <= $16)
+     ORDER BY o.seq {order}
+     LIMIT $17)
+) AS m
+ORDER BY m.seq {order}
+LIMIT $17;
+
+-- name: message
+-- One message whole: $1 seq, $2 the held rows' due time.
+SELECT o.seq, o.id,
+    CASE WHEN o.status IN ('published', 'abandoned') THEN o.status
+         WHEN o.available_at >= $2 THEN 'held'
+         WHEN o.status = 'processing' AND o.locked_until > UTC_TIMESTAMP(6) THEN 'in_flight'
+         WHEN o.attempts > 0 OR o.status = 'failed' THEN 'retrying'
+         WHEN o.available_at > UTC_TIMESTAMP(6) THEN 'delayed'
+         ELSE 'pending' END,
+    o.target, o.topic, o.`key`, o.type, o.attempts, o.created_at,
+    CASE WHEN o.status IN ('pending', 'processing', 'failed') THEN o.available_at END,
+    o.occurred_at, o.published_at, o.abandoned_at, o.last_error, o.correlation_id,
+    o.external, o.`partition`, o.content_type, o.payload, o.headers, o.causation_id,
+    o.tenant_id, o.aggregate_id, o.locked_by, o.locked_until
+FROM {table} o
+WHERE o.seq = $1;
+
+-- The operator's changes, three steps in one transaction: `<change>_pick` locks the
+-- rows of $1 (seqs) still in a state the change applies to, as of now ($2, where
+-- taken, the held rows' due time), audit_record writes one record per row picked, and
+-- `<change>` changes the rows picked. A row in flight is leased under a lease still
+-- running; a row in processing whose lease ran out is not, and a change that keeps it
+-- live puts it back to pending (failed, if it was attempted before), so that no claim
+-- takes it by its lease.
+
+-- name: audit_record
+-- $1 the rows picked, $2 actor, $3 action, $4 reason.
+INSERT INTO {table}_audit (actor, action, reason, seq, message_id, target, `key`)
+SELECT $2, $3, $4, seq, id, target, `key` FROM {table} FORCE INDEX (PRIMARY)
+WHERE seq IN ($1)
+ORDER BY seq;
+
+-- name: discard_pick
+-- Any row not in flight.
+SELECT seq FROM {table} FORCE INDEX (PRIMARY)
+WHERE seq IN ($1) AND NOT (status = 'processing' AND locked_until > UTC_TIMESTAMP(6))
+ORDER BY seq
+FOR UPDATE;
+
+-- name: discard
+DELETE o FROM {table} o FORCE INDEX (PRIMARY) WHERE o.seq IN ($1);
+
+-- name: reschedule_pick
+-- Live rows neither in flight nor held.
+SELECT seq FROM {table} FORCE INDEX (PRIMARY)
+WHERE seq IN ($1) AND status IN ('pending', 'processing', 'failed') AND available_at < $2
+  AND NOT (status = 'processing' AND locked_until > UTC_TIMESTAMP(6))
+ORDER BY seq
+FOR UPDATE;
+
+-- name: reschedule
+-- $1 the rows picked, $2 seconds from now.
+UPDATE {table} FORCE INDEX (PRIMARY)
+SET available_at = UTC_TIMESTAMP(6) + INTERVAL ROUND($2 * 1000000) MICROSECOND,
+    status = CASE WHEN status <> 'processing' THEN status
+                  WHEN attempts > 0 THEN 'failed' ELSE 'pending' END,
+    locked_by = NULL, locked_until = NULL, lock_token = NULL
+WHERE seq IN ($1);
+
+-- name: hold_pick
+-- Live rows neither in flight nor held.
+SELECT seq FROM {table} FORCE INDEX (PRIMARY)
+WHERE seq IN ($1) AND status IN ('pending', 'processing', 'failed') AND available_at < $2
+  AND NOT (status = 'processing' AND locked_until > UTC_TIMESTAMP(6))
+ORDER BY seq
+FOR UPDATE;
+
+-- name: hold
+-- Due at the held rows' due time: every read and claim then treats them as rows that
+-- wait, and holds back their key behind them. $1 the rows picked, $2 the held rows'
+-- due time.
+UPDATE {table} FORCE INDEX (PRIMARY)
+SET available_at = $2,
+    status = CASE WHEN status <> 'processing' THEN status
+                  WHEN attempts > 0 THEN 'failed' ELSE 'pending' END,
+    locked_by = NULL, locked_until = NULL, lock_token = NULL
+WHERE seq IN ($1);
+
+-- name: release_held_pick
+SELECT seq FROM {table} FORCE INDEX (PRIMARY)
+WHERE seq IN ($1) AND status IN ('pending', 'processing', 'failed') AND available_at >= $2
+ORDER BY seq
+FOR UPDATE;
+
+-- name: release_held
+UPDATE {table} FORCE INDEX (PRIMARY)
+SET status = 'pending', attempts = 0, available_at = UTC_TIMESTAMP(6),
+    locked_by = NULL, locked_until = NULL, lock_token = NULL
+WHERE seq IN ($1);
+
+-- name: replay_pick
+-- Abandoned rows and held ones.
+SELECT seq FROM {table} FORCE INDEX (PRIMARY)
+WHERE seq IN ($1)
+  AND (status = 'abandoned'
+       OR (status IN ('pending', 'processing', 'failed') AND available_at >= $2))
+ORDER BY seq
+FOR UPDATE;
+
+-- name: replay
+UPDATE {table} FORCE INDEX (PRIMARY)
+SET status = 'pending', attempts = 0, available_at = UTC_TIMESTAMP(6), abandoned_at = NULL,
+    locked_by = NULL, locked_until = NULL, lock_token = NULL
+WHERE seq IN ($1);
+
+-- name: audit
+-- Audit records, newest first: $1 id below which to list (NULL: from the newest), $2
+-- limit.
+SELECT id, at, actor, action, reason, seq, message_id, target, `key`
+FROM {table}_audit
+WHERE $1 IS NULL OR id < $1
+ORDER BY id DESC
+LIMIT $2;
 
 -- name: count_by_status
 SELECT status, COUNT(*) FROM {table} GROUP BY status;

@@ -90,3 +90,18 @@ CREATE TABLE IF NOT EXISTS {table}_partitions (
     PRIMARY KEY (target, `partition`),
     CONSTRAINT {prefix}_partitions_lease_ck CHECK ((owner IS NULL) = (lease_until IS NULL))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- The operator's changes, one record per message changed: who, when, what and why.
+-- Written in the transaction of the change itself, read newest first (by id).
+CREATE TABLE IF NOT EXISTS {table}_audit (
+    id         BIGINT NOT NULL AUTO_INCREMENT,
+    at         DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    actor      VARCHAR(255) NOT NULL,
+    action     VARCHAR(16) NOT NULL,
+    reason     TEXT NULL,
+    seq        BIGINT NOT NULL,
+    message_id CHAR(36) NOT NULL,
+    target     VARCHAR(64) NOT NULL,
+    `key`      VARCHAR(255) NULL,
+    PRIMARY KEY (id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

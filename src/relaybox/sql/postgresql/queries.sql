@@ -359,21 +359,39 @@ DELETE FROM {table}_done WHERE seq IN (
     ORDER BY abandoned_at LIMIT $2::integer);
 
 -- name: replay
--- Abandoned rows back to {table} as pending, under their own seq, with no attempts:
--- $1 seqs (array text).
+-- Abandoned rows back to {table} as pending, under their own seq, with no attempts, and
+-- held rows (due at $5, the held rows' due time) pending, with no attempts, due now.
+-- $1 seqs (array text); with $2 actor, each row replayed gets an audit record ($3 the
+-- action, $4 the reason). The statement returns how many rows it replayed.
 WITH back AS (
     DELETE FROM {table}_done
     WHERE status = 'abandoned' AND seq = ANY($1::text::bigint[])
     RETURNING *
+), moved AS (
+    INSERT INTO {table} (seq, last_error, id, target, external, topic, key, partition, type,
+        content_type, payload, headers, correlation_id, causation_id, tenant_id,
+        aggregate_id, occurred_at, created_at)
+    OVERRIDING SYSTEM VALUE
+    SELECT b.seq, b.last_error, b.id, b.target, b.external, b.topic, b.key, b.partition,
+        b.type, b.content_type, b.payload, b.headers, b.correlation_id, b.causation_id,
+        b.tenant_id, b.aggregate_id, b.occurred_at, b.created_at
+    FROM back b
+    RETURNING seq, id, target, key
+), freed AS (
+    UPDATE {table}
+    SET status = 'pending', attempts = 0, available_at = now(),
+        locked_by = NULL, locked_until = NULL, lock_token = NULL
+    WHERE seq = ANY($1::text::bigint[]) AND available_at >= $5::timestamptz
+    RETURNING seq, id, target, key
+), changed AS (
+    SELECT * FROM moved UNION ALL SELECT * FROM freed
+), audited AS (
+    INSERT INTO {table}_audit (actor, action, reason, seq, message_id, target, key)
+    SELECT $2::text, $3::text, $4::text, c.seq, c.id, c.target, c.key
+    FROM changed c WHERE $2::text IS NOT NULL
+    ORDER BY c.seq
 )
-INSERT INTO {table} (seq, last_error, id, target, external, topic, key, partition, type,
-    content_type, payload, headers, correlation_id, causation_id, tenant_id, aggregate_id,
-    occurred_at, created_at)
-OVERRIDING SYSTEM VALUE
-SELECT b.seq, b.last_error, b.id, b.target, b.external, b.topic, b.key, b.partition, b.type,
-    b.content_type, b.payload, b.headers, b.correlation_id, b.causation_id, b.tenant_id,
-    b.aggregate_id, b.occurred_at, b.created_at
-FROM back b;
+SELECT count(*) FROM changed;
 
 -- name: abandoned
 -- Abandoned rows, newest first: $1 seq below which to list (NULL: from the newest), $2
@@ -386,6 +404,235 @@ WHERE abandoned_at IS NOT NULL AND status = 'abandoned'
   AND ($2::text IS NULL OR target = $2::text)
 ORDER BY seq DESC
 LIMIT $3::integer;
+
+-- The operator's console. A row's state is read off it, by the database's clock: held
+-- (due at the held rows' due time, HELD_UNTIL), in flight (leased, the lease running),
+-- retrying (attempted before, or failed), delayed (not due yet), else pending; in
+-- {table}_done, abandoned or published.
+-- A search walks one ordered index per table (the primary key, or with a target and a
+-- key the (target, key, seq) indexes) within a seq range, in {order} (ASC or DESC: the
+-- storage runs each as two queries), each side limited, then merged. Parameters, the
+-- same on every dialect: $1 whether live rows are wanted, $2 whether finished ones are,
+-- $3 the states wanted (comma-separated, NULL: any), $4 target, $5 topic, $6 key, $7
+-- type, $8 id, $9 correlation id, $10 causation id, $11 tenant id, $12 aggregate id
+-- (each NULL: any), $13 and $14 the lowest and highest seq, $15 and $16 the earliest
+-- and latest created_at (NULL: open), $17 limit, $18 the held rows' due time.
+
+-- name: search
+SELECT * FROM (
+    (SELECT * FROM (
+        SELECT o.seq, o.id,
+            CASE WHEN o.available_at >= $18::timestamptz THEN 'held'
+                 WHEN o.status = 'processing' AND o.locked_until > now() THEN 'in_flight'
+                 WHEN o.attempts > 0 OR o.status = 'failed' THEN 'retrying'
+                 WHEN o.available_at > now() THEN 'delayed'
+                 ELSE 'pending' END AS state,
+            o.target, o.topic, o.key, o.type, o.attempts, o.created_at, o.available_at,
+            o.occurred_at, o.published_at, o.abandoned_at, o.last_error, o.correlation_id
+        FROM {table} o
+        WHERE $1::boolean AND o.seq BETWEEN $13::bigint AND $14::bigint
+          AND ($4::text IS NULL OR o.target = $4::text)
+          AND ($5::text IS NULL OR o.topic = $5::text)
+          AND ($6::text IS NULL OR o.key = $6::text)
+          AND ($7::text IS NULL OR o.type = $7::text)
+          AND ($8::uuid IS NULL OR o.id = $8::uuid)
+          AND ($9::text IS NULL OR o.correlation_id = $9::text)
+          AND ($10::text IS NULL OR o.causation_id = $10::text)
+          AND ($11::text IS NULL OR o.tenant_id = $11::text)
+          AND ($12::text IS NULL OR o.aggregate_id = $12::text)
+          AND ($15::timestamptz IS NULL OR o.created_at >= $15::timestamptz)
+          AND ($16::timestamptz IS NULL OR o.created_at <= $16::timestamptz)) AS s
+     WHERE $3::text IS NULL OR s.state = ANY(string_to_array($3::text, ','))
+     ORDER BY s.seq {order}
+     LIMIT $17::integer)
+    UNION ALL
+    (SELECT * FROM (
+        SELECT d.seq, d.id, d.status::text AS state, d.target, d.topic, d.key, d.type,
+            d.attempts, d.created_at, NULL::timestamptz AS available_at, d.occurred_at,
+            d.published_at, d.abandoned_at, d.last_error, d.correlation_id
+        FROM {table}_done d
+        WHERE $2::boolean AND d.seq BETWEEN $13::bigint AND $14::bigint
+          AND ($4::text IS NULL OR d.target = $4::text)
+          AND ($5::text IS NULL OR d.topic = $5::text)
+          AND ($6::text IS NULL OR d.key = $6::text)
+          AND ($7::text IS NULL OR d.type = $7::text)
+          AND ($8::uuid IS NULL OR d.id = $8::uuid)
+          AND ($9::text IS NULL OR d.correlation_id = $9::text)
+          AND ($10::text IS NULL OR d.causation_id = $10::text)
+          AND ($11::text IS NULL OR d.tenant_id = $11::text)
+          AND ($12::text IS NULL OR d.aggregate_id = $12::text)
+          AND ($15::timestamptz IS NULL OR d.created_at >= $15::timestamptz)
+          AND ($16::timestamptz IS NULL OR d.created_at <= $16::timestamptz)) AS s
+     WHERE $3::text IS NULL OR s.state = ANY(string_to_array($3::text, ','))
+     ORDER BY s.seq {order}
+     LIMIT $17::integer)
+) AS m
+ORDER BY m.seq {order}
+LIMIT $17::integer;
+
+-- name: search_key
+-- `search` of one (target, key) ($4 and $6, both given): each side walks its (target,
+-- key, seq) index within the seq range.
+SELECT * FROM (
+    (SELECT * FROM (
+        SELECT o.seq, o.id,
+            CASE WHEN o.available_at >= $18::timestamptz THEN 'held'
+                 WHEN o.status = 'processing' AND o.locked_until > now() THEN 'in_flight'
+                 WHEN o.attempts > 0 OR o.status = 'failed' THEN 'retrying'
+                 WHEN o.available_at > now() THEN 'delayed'
+                 ELSE 'pending' END AS state,
+            o.target, o.topic, o.key, o.type, o.attempts, o.created_at, o.available_at,
+            o.occurred_at, o.published_at, o.abandoned_at, o.last_error, o.correlation_id
+        FROM {table} o
+        WHERE $1::boolean AND o.target = $4::text AND o.key = $6::text
+          AND o.seq BETWEEN $13::bigint AND $14::bigint
+          AND ($5::text IS NULL OR o.topic = $5::text)
+          AND ($7::text IS NULL OR o.type = $7::text)
+          AND ($8::uuid IS NULL OR o.id = $8::uuid)
+          AND ($9::text IS NULL OR o.correlation_id = $9::text)
+          AND ($10::text IS NULL OR o.causation_id = $10::text)
+          AND ($11::text IS NULL OR o.tenant_id = $11::text)
+          AND ($12::text IS NULL OR o.aggregate_id = $12::text)
+          AND ($15::timestamptz IS NULL OR o.created_at >= $15::timestamptz)
+          AND ($16::timestamptz IS NULL OR o.created_at <= $16::timestamptz)) AS s
+     WHERE $3::text IS NULL OR s.state = ANY(string_to_array($3::text, ','))
+     ORDER BY s.seq {order}
+     LIMIT $17::integer)
+    UNION ALL
+    (SELECT * FROM (
+        SELECT d.seq, d.id, d.status::text AS state, d.target, d.topic, d.key, d.type,
+            d.attempts, d.created_at, NULL::timestamptz AS available_at, d.occurred_at,
+            d.published_at, d.abandoned_at, d.last_error, d.correlation_id
+        FROM {table}_done d
+        WHERE $2::boolean AND d.target = $4::text AND d.key = $6::text
+          AND d.seq BETWEEN $13::bigint AND $14::bigint
+          AND ($5::text IS NULL OR d.topic = $5::text)
+          AND ($7::text IS NULL OR d.type = $7::text)
+          AND ($8::uuid IS NULL OR d.id = $8::uuid)
+          AND ($9::text IS NULL OR d.correlation_id = $9::text)
+          AND ($10::text IS NULL OR d.causation_id = $10::text)
+          AND ($11::text IS NULL OR d.tenant_id = $11::text)
+          AND ($12::text IS NULL OR d.aggregate_id = $12::text)
+          AND ($15::timestamptz IS NULL OR d.created_at >= $15::timestamptz)
+          AND ($16::timestamptz IS NULL OR d.created_at <= $16::timestamptz)) AS s
+     WHERE $3::text IS NULL OR s.state = ANY(string_to_array($3::text, ','))
+     ORDER BY s.seq {order}
+     LIMIT $17::integer)
+) AS m
+ORDER BY m.seq {order}
+LIMIT $17::integer;
+
+-- name: message
+-- One message whole, live or finished: $1 seq, $2 the held rows' due time.
+SELECT o.seq, o.id,
+    CASE WHEN o.available_at >= $2::timestamptz THEN 'held'
+         WHEN o.status = 'processing' AND o.locked_until > now() THEN 'in_flight'
+         WHEN o.attempts > 0 OR o.status = 'failed' THEN 'retrying'
+         WHEN o.available_at > now() THEN 'delayed'
+         ELSE 'pending' END,
+    o.target, o.topic, o.key, o.type, o.attempts, o.created_at, o.available_at,
+    o.occurred_at, o.published_at, o.abandoned_at, o.last_error, o.correlation_id,
+    o.external, o.partition, o.content_type, o.payload, o.headers::text, o.causation_id,
+    o.tenant_id, o.aggregate_id, o.locked_by, o.locked_until
+FROM {table} o WHERE o.seq = $1::bigint
+UNION ALL
+SELECT d.seq, d.id, d.status::text, d.target, d.topic, d.key, d.type, d.attempts,
+    d.created_at, NULL, d.occurred_at, d.published_at, d.abandoned_at, d.last_error,
+    d.correlation_id, d.external, d.partition, d.content_type, d.payload, d.headers::text,
+    d.causation_id, d.tenant_id, d.aggregate_id, NULL, NULL
+FROM {table}_done d WHERE d.seq = $1::bigint;
+
+-- The operator's changes. Each is one statement: it changes only the rows of $1 (seqs,
+-- array text) still in a state the change applies to, as of the statement (a row a
+-- relay changed meanwhile is checked again as it now is), writes one audit record per
+-- row changed ($2 actor, $3 action, $4 reason) and returns how many it changed. $5,
+-- where taken, is the held rows' due time. A row in flight is leased under a lease still running; a
+-- row in processing whose lease ran out is not, and a change that keeps it live puts
+-- it back to pending (failed, if it was attempted before), so that no claim takes it
+-- by its lease.
+
+-- name: discard
+-- Live rows not in flight, and finished rows, deleted.
+WITH live AS (
+    DELETE FROM {table}
+    WHERE seq = ANY($1::text::bigint[])
+      AND NOT (status = 'processing' AND locked_until > now())
+    RETURNING seq, id, target, key
+), done AS (
+    DELETE FROM {table}_done WHERE seq = ANY($1::text::bigint[])
+    RETURNING seq, id, target, key
+), changed AS (
+    SELECT * FROM live UNION ALL SELECT * FROM done
+), audited AS (
+    INSERT INTO {table}_audit (actor, action, reason, seq, message_id, target, key)
+    SELECT $2::text, $3::text, $4::text, c.seq, c.id, c.target, c.key FROM changed c
+    ORDER BY c.seq
+)
+SELECT count(*) FROM changed;
+
+-- name: reschedule
+-- Rows neither in flight nor held, due $6 seconds from now.
+WITH changed AS (
+    UPDATE {table}
+    SET available_at = now() + $6::float8 * interval '1 second',
+        status = CASE WHEN status <> 'processing' THEN status
+                      WHEN attempts > 0 THEN 'failed'::{table}_status
+                      ELSE 'pending'::{table}_status END,
+        locked_by = NULL, locked_until = NULL, lock_token = NULL
+    WHERE seq = ANY($1::text::bigint[]) AND available_at < $5::timestamptz
+      AND NOT (status = 'processing' AND locked_until > now())
+    RETURNING seq, id, target, key
+), audited AS (
+    INSERT INTO {table}_audit (actor, action, reason, seq, message_id, target, key)
+    SELECT $2::text, $3::text, $4::text, c.seq, c.id, c.target, c.key FROM changed c
+    ORDER BY c.seq
+)
+SELECT count(*) FROM changed;
+
+-- name: hold
+-- Rows neither in flight nor held, due at the held rows' due time ($6, the same as $5):
+-- every read and claim then treats them as rows that wait, and holds back their key
+-- behind them.
+WITH changed AS (
+    UPDATE {table}
+    SET available_at = $6::timestamptz,
+        status = CASE WHEN status <> 'processing' THEN status
+                      WHEN attempts > 0 THEN 'failed'::{table}_status
+                      ELSE 'pending'::{table}_status END,
+        locked_by = NULL, locked_until = NULL, lock_token = NULL
+    WHERE seq = ANY($1::text::bigint[]) AND available_at < $5::timestamptz
+      AND NOT (status = 'processing' AND locked_until > now())
+    RETURNING seq, id, target, key
+), audited AS (
+    INSERT INTO {table}_audit (actor, action, reason, seq, message_id, target, key)
+    SELECT $2::text, $3::text, $4::text, c.seq, c.id, c.target, c.key FROM changed c
+    ORDER BY c.seq
+)
+SELECT count(*) FROM changed;
+
+-- name: release_held
+-- Held rows pending, with no attempts, due now.
+WITH changed AS (
+    UPDATE {table}
+    SET status = 'pending', attempts = 0, available_at = now(),
+        locked_by = NULL, locked_until = NULL, lock_token = NULL
+    WHERE seq = ANY($1::text::bigint[]) AND available_at >= $5::timestamptz
+    RETURNING seq, id, target, key
+), audited AS (
+    INSERT INTO {table}_audit (actor, action, reason, seq, message_id, target, key)
+    SELECT $2::text, $3::text, $4::text, c.seq, c.id, c.target, c.key FROM changed c
+    ORDER BY c.seq
+)
+SELECT count(*) FROM changed;
+
+-- name: audit
+-- Audit records, newest first: $1 id below which to list (NULL: from the newest), $2
+-- limit.
+SELECT id, at, actor, action, reason, seq, message_id, target, key
+FROM {table}_audit
+WHERE $1::bigint IS NULL OR id < $1::bigint
+ORDER BY id DESC
+LIMIT $2::integer;
 
 -- name: stats_scope
 -- First in the counts' transaction: they read every live row, which no index serves,

@@ -77,3 +77,17 @@ CREATE TABLE IF NOT EXISTS {table}_partitions (
     PRIMARY KEY (target, "partition"),
     CONSTRAINT {prefix}_partitions_lease_ck CHECK ((owner IS NULL) = (lease_until IS NULL))
 );
+
+-- The operator's changes, one record per message changed: who, when, what and why.
+-- Written in the transaction of the change itself, read newest first (by id).
+CREATE TABLE IF NOT EXISTS {table}_audit (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    at         TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
+    actor      TEXT NOT NULL,
+    action     TEXT NOT NULL,
+    reason     TEXT,
+    seq        INTEGER NOT NULL,
+    message_id TEXT NOT NULL,
+    target     TEXT NOT NULL,
+    "key"      TEXT
+);
