@@ -160,7 +160,9 @@ async def test_an_operator_finds_an_abandoned_message_and_replays_it_in_key_orde
             await page.goto(f"{base}/ops/")
             await expect(page.get_by_role("heading", name=operations.name)).to_be_visible()
             await sign_in(page)
-            await expect(page.locator("table.counts")).to_contain_text("abandoned")
+            default = page.locator('table.targets tr[data-target="default"] td')
+            await expect(default.nth(3)).to_have_text("1")  # abandoned, linked to its search
+            await expect(default.nth(4)).not_to_have_text("—")  # stuck since
             await shots.take(page, "console-overview.png")
 
             await page.get_by_role("link", name="Search").click()

@@ -288,8 +288,11 @@ def test_tables_message_and_missing_message_shapes() -> None:
     (table,) = http.get("/api/tables").json()["tables"]
     assert table["name"] == "sqlite:///tmp/x.db outbox"
     assert table["counts"]["abandoned"] == 2
-    assert table["live_by_target"] == {"default": 1}
-    assert table["held"] == 1
+    assert table["targets"] == {
+        "default": {"live": 1, "retrying": 0, "held": 0, "abandoned": 1,
+                    "stuck_since": NOW.isoformat()},
+    }  # fmt: skip
+    assert (table["held"], table["stuck_more"]) == (0, False)
     found = http.get("/api/tables/0/messages/7").json()
     assert found["payload"]["kind"] == "json"
     assert [m["seq"] for m in found["queue"]["behind"]] == [8]

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relaybox.console import views
 from relaybox.console.guard import COOKIE, SESSION_SECONDS, Guard, same_origin
-from relaybox.core.inspection import MAX_PAGE, MessageFilter, MessageState
+from relaybox.core.inspection import MAX_PAGE, MessageFilter
 from relaybox.errors import ConfigurationError, RelayboxError, StorageError
 from relaybox.operations import views as shapes
 from relaybox.operations.messages import Operations
@@ -47,9 +47,8 @@ _ASSETS = {
     "static/console.css": ("console.css", "text/css; charset=utf-8"),
 }
 
-#: Held rows count as pending or retrying in a table's counts by status; the overview
-#: counts them apart (up to a page of them).
-_HELD = frozenset({MessageState.HELD})
+#: The overview counts stuck messages per target from the newest page of them.
+_STUCK = frozenset(views.STUCK)
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -147,9 +146,10 @@ class _Api:
     async def tables(self, request: Request) -> Response:
         found = []
         for index, table in enumerate(self.tables_):
-            held = await table.search(MessageFilter(states=_HELD), limit=MAX_PAGE)
-            shown = views.table_json(index, table.name, await table.stats())
-            found.append({**shown, "held": len(held.messages), "held_more": bool(held.next_after)})
+            stuck = await table.search(MessageFilter(states=_STUCK), limit=MAX_PAGE)
+            more = stuck.next_after is not None
+            stats = await table.stats()
+            found.append(views.table_json(index, table.name, stats, stuck.messages, more))
         return JSONResponse({"tables": found})
 
     async def search(self, request: Request) -> Response:

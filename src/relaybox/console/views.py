@@ -22,6 +22,7 @@ from relaybox.core.inspection import (
     Change,
     MessageFilter,
     MessageState,
+    MessageSummary,
 )
 from relaybox.core.records import OutboxStats
 from relaybox.errors import ConfigurationError
@@ -31,6 +32,8 @@ from relaybox.operations.messages import Selection
 ACTIONS = frozenset(AuditAction) - {AuditAction.BACKFILL}
 #: The most seqs one action request may name.
 MAX_NAMED = MAX_PAGE
+#: The states an overview counts as stuck.
+STUCK = (MessageState.RETRYING, MessageState.HELD, MessageState.ABANDONED)
 #: The longest text a filter field may carry.
 MAX_TEXT = 1000
 _TEXT_FIELDS = (
@@ -155,18 +158,44 @@ def audit_page_of(query: Mapping[str, Sequence[str]]) -> tuple[int, int | None]:
 # -- writing answers -------------------------------------------------------------------
 
 
-def table_json(index: int, name: str, stats: OutboxStats) -> dict[str, Any]:
+def table_json(
+    index: int, name: str, stats: OutboxStats, stuck: Sequence[MessageSummary], more: bool
+) -> dict[str, Any]:
+    """A table's overview: its counts by status, and per target the messages still to
+    deliver and those stuck (`stuck`: the newest retrying, held and abandoned ones, with
+    `more` when there are more than those), with the oldest stuck one's time."""
+    targets: dict[str, dict[str, Any]] = {
+        target: _target(live) for target, live in stats.live_by_target.items()
+    }
+    for row in stuck:
+        counts = targets.setdefault(row.target, _target(0))
+        counts[str(row.state)] += 1
+        since = counts["stuck_since"]
+        counts["stuck_since"] = min(since, row.created_at) if since else row.created_at
     return {
         "index": index,
         "name": name,
         "counts": {str(status): count for status, count in stats.by_status().items()},
-        "live_by_target": dict(sorted(stats.live_by_target.items())),
+        "held": sum(row.state is MessageState.HELD for row in stuck),
+        "stuck_more": more,
+        "targets": {
+            target: {**counts, "stuck_since": _time(counts["stuck_since"])}
+            for target, counts in sorted(targets.items())
+        },
         "oldest_pending_age": stats.oldest_pending_age,
         "active_leases": stats.active_leases,
     }
 
 
 # -- inside ----------------------------------------------------------------------------
+
+
+def _target(live: int) -> dict[str, Any]:
+    return {"live": live, **{str(state): 0 for state in STUCK}, "stuck_since": None}
+
+
+def _time(value: datetime.datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
 
 
 def _one(fields: Mapping[str, Sequence[str]], name: str) -> str | None:

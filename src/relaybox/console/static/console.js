@@ -124,10 +124,15 @@ async function overview() {
       const cell = state && count ? el("a", { href: `#/t/${table.index}/search?state=${state}` }, count) : count;
       return el("tr", {}, el("th", {}, status), el("td", {}, cell));
     });
-    const targets = Object.entries(table.live_by_target).map(([target, count]) =>
-      el("tr", {}, el("th", {}, el("a", {
-        href: `#/t/${table.index}/search?${new URLSearchParams({ target })}` }, target)),
-      el("td", {}, count)));
+    const search = (fields) => `#/t/${table.index}/search?${new URLSearchParams(fields)}`;
+    const count = (n, fields) => (n ? el("a", { href: search(fields) }, n) : "0");
+    const targets = Object.entries(table.targets).map(([target, t]) => el("tr", { "data-target": target },
+      el("th", {}, el("a", { href: search({ target }) }, target)),
+      el("td", {}, t.live),
+      ["retrying", "held", "abandoned"].map((state) => el("td", {}, count(t[state], { target, state }))),
+      el("td", {}, shown(t.stuck_since))));
+    const targetHead = el("tr", {}, ["target", "to deliver", "retrying", "held", "abandoned",
+      "oldest stuck written"].map((name) => el("th", {}, name)));
     return el("section", { class: "table" },
       el("h2", {}, table.name),
       el("p", { class: "links" },
@@ -136,11 +141,10 @@ async function overview() {
         el("a", { href: `#/t/${table.index}/search?state=held` }, "Held"),
         el("a", { href: `#/t/${table.index}/audit` }, "Audit")),
       el("h3", {}, "Messages by status"), el("table", { class: "counts" }, counts,
-        el("tr", {}, el("th", {}, "held (of the above)"), el("td", {}, table.held
-          ? el("a", { href: `#/t/${table.index}/search?state=held` }, `${table.held}${table.held_more ? "+" : ""}`)
-          : "0"))),
-      el("h3", {}, "Still to deliver, by target"),
-      targets.length ? el("table", { class: "targets" }, targets) : el("p", { class: "note" }, "None."),
+        el("tr", {}, el("th", {}, "held (of the above)"), el("td", {}, count(table.held, { state: "held" })))),
+      el("h3", {}, "By target: still to deliver, and stuck"),
+      targets.length ? el("table", { class: "targets" }, targetHead, targets) : el("p", { class: "note" }, "Nothing."),
+      table.stuck_more ? el("p", { class: "note" }, "Stuck counts are of the newest 1000 stuck messages.") : null,
       el("p", { class: "note" },
         `Oldest due message waits: ${table.oldest_pending_age === null ? "—" : `${table.oldest_pending_age.toFixed(1)} s`}; `
         + `leases held: ${table.active_leases}`));
