@@ -16,10 +16,12 @@ from typing import Protocol, runtime_checkable
 
 from relaybox.core.inspection import (
     AuditRecord,
+    BackfillJob,
     Change,
     MessageDetail,
     MessageFilter,
     MessageSummary,
+    RelayMember,
 )
 from relaybox.core.message import DEFAULT_TARGET
 from relaybox.core.partitions import DEFAULT_PARTITIONS
@@ -181,6 +183,10 @@ class OperatorStorage(Storage, Protocol):
         oldest first). With `change`, each row replayed gets an audit record in the same
         transaction."""
 
+    async def relays(self) -> list[RelayMember]:
+        """The live relays (memberships within their lease) by target, with the
+        partitions each holds."""
+
     async def purge(
         self,
         *,
@@ -234,6 +240,22 @@ class InspectionStorage(Storage, Protocol):
 
     async def audit(self, *, limit: int, before: int | None = None) -> list[AuditRecord]:
         """Audit records, newest first: up to `limit` with an id below `before`."""
+
+    async def backfill_job(self, name: str) -> BackfillJob | None:
+        """The backfill of this name, or None."""
+
+    async def backfill_begin(
+        self, name: str, *, source: MessageFilter, target: str, external: bool, change: Change
+    ) -> BackfillJob:
+        """Record a new backfill (cursor 0), or return the one of this name as it is."""
+
+    async def backfill_copy(
+        self, name: str, rows: Sequence[InsertRow], *, cursor: int, finished: bool
+    ) -> bool:
+        """In one transaction: move the backfill's cursor forward to `cursor` (and
+        mark it finished), then insert `rows`. False, with nothing written, when the
+        cursor is already there or past it (another run of the same backfill copied
+        these) or the backfill is finished."""
 
 
 @runtime_checkable

@@ -165,3 +165,19 @@ async def test_search_pages_follow_the_cursor_both_ways(backend: Backend) -> Non
             after = page.next_after
         assert len(seen) == 7
         assert seen == sorted(seen, reverse=newest_first)
+
+
+async def test_the_live_relays_are_listed_with_the_partitions_each_holds(
+    backend: Backend,
+) -> None:
+    storage = backend.storage
+    assert await ops(backend).relays() == []
+    await storage.heartbeat("w1", partitions=4, lease_seconds=LEASE)
+    await storage.heartbeat("w2", partitions=2, lease_seconds=LEASE, target="partner")
+    relays = await ops(backend).relays()
+    assert [(r.worker, r.target, r.partitions) for r in relays] == [
+        ("w1", "default", (0, 1, 2, 3)), ("w2", "partner", (0, 1)),
+    ]  # fmt: skip
+    assert all(r.joined_at <= r.lease_until for r in relays)
+    await storage.leave("w1")
+    assert [r.worker for r in await ops(backend).relays()] == ["w2"]

@@ -38,6 +38,7 @@ class _LazyGroup(click.Group):
         "expedite": "relaybox.cli.messages:expedite",
         "hold": "relaybox.cli.messages:hold",
         "release": "relaybox.cli.messages:release",
+        "backfill": "relaybox.cli.messages:backfill_command",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

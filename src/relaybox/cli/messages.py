@@ -223,18 +223,28 @@ def _describe(states: frozenset[MessageState]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
-def _progress(total: int) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
-    """A progress bar on the terminal (rich, when installed) for work of many pages."""
-    if total <= 500 or not sys.stderr.isatty():
+def _progress() -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
+    """A progress bar on the terminal (rich, when installed), shown once the work turns
+    out to take more than one page."""
+    if not sys.stderr.isatty():
         return None, lambda: None
     try:
+        from rich.console import Console
         from rich.progress import Progress
     except ImportError:
         return None, lambda: None
-    bar = Progress(transient=True)
-    task = bar.add_task("changing", total=total)
-    bar.start()
-    return (lambda done, _total: bar.update(task, completed=done)), bar.stop
+    bar = Progress(console=Console(stderr=True), transient=True)
+    task = bar.add_task("working", total=None)
+    shown = False
+
+    def update(done: int, total: int) -> None:
+        nonlocal shown
+        if not shown and total > 500:
+            bar.start()
+            shown = True
+        bar.update(task, completed=done, total=total)
+
+    return update, bar.stop
 
 
 def _print_plan(plan: Plan, table: str, *, dry_run: bool) -> None:
@@ -324,7 +334,7 @@ async def _carry_out(
             _print_plan(plan, table, dry_run=True)
         if not click.confirm(f"{action.value.capitalize()} {plan.count} message(s)?"):
             raise output.Failure("nothing changed")
-    update, stop = _progress(plan.count)
+    update, stop = _progress()
     try:
         return await ops.apply(plan, change, delay=delay, progress=update)
     finally:
@@ -396,3 +406,70 @@ def _delay_doc() -> None:
 
 
 delay = _delay_command()
+
+
+@click.command("backfill")
+@_DB
+@_TABLE
+@_JSON
+@_filters
+@click.option("--name", required=True, help="The job's name: run again with it to go on.")
+@click.option("--to", "to", required=True, help="The target to publish the copies to.")
+@click.option("--external", is_flag=True, help="The target is external (stripped envelope).")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="At most this many messages per second.")  # fmt: skip
+@click.option("--dry-run", is_flag=True, help="Say what would be copied; copy nothing.")
+@click.option("--by", default=None, help="Who asks, for the record [default: the OS user].")
+@click.option("--reason", default=None, help="Why, for the record.")
+def backfill_command(
+    db_url: str, table: str, as_json: bool, name: str, to: str, external: bool,
+    rate: float | None, dry_run: bool, by: str | None, reason: str | None, **options: Any,
+) -> None:  # fmt: skip
+    """Publish retained messages again, in seq order, to a target (one added later, or
+    an existing one): the published messages of the filter's --target (and the other
+    filters) are copied as new messages to --to. Stopped at any point, it goes on from
+    where it was when run again with the same --name, and copies each message once.
+    Exits 1 when nothing was left to copy."""
+    from relaybox.core.message import Target
+    from relaybox.operations.backfill import backfill
+
+    where = _filter(options)
+    try:
+        change = Change(by or _user(), reason)
+        target = Target(to, external=external)
+    except RelayboxError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+    async def run(ops: Operations) -> Any:
+        update, stop = _progress()
+        try:
+            return await backfill(ops, name, where, target, change, rate=rate,
+                                  dry_run=dry_run, progress=update)  # fmt: skip
+        finally:
+            stop()
+
+    outcome = _run(run, db_url, table)
+    plan, job = outcome.plan, outcome.job
+    if as_json:
+        output.json({
+            "name": name, "to": to, "dry_run": outcome.dry_run, "to_copy": plan.count,
+            "keys": plan.keys, "keys_live_on_target": plan.keys_live_on_target,
+            "copied": outcome.copied, "cursor": None if job is None else job.cursor,
+            "finished": job is not None and job.finished_at is not None,
+        })  # fmt: skip
+    else:
+        head = "would copy" if outcome.dry_run else "to copy:"
+        output.line(f"{head} {plan.count} message(s) of {plan.keys} key(s) to {to}")
+        if plan.keys_live_on_target:
+            output.line(f"{len(plan.keys_live_on_target)} of these keys have messages live "
+                        f"for {to} now; their copies go out after those:")  # fmt: skip
+            for key in plan.keys_live_on_target[:20]:
+                output.line(f"  {key}")
+        if not outcome.dry_run and job is not None:
+            state = "finished" if job.finished_at is not None else "stopped"
+            output.line(f"copied {outcome.copied} message(s); {name} {state} at seq "
+                        f"{job.cursor}, {job.copied} copied in all")  # fmt: skip
+    if not plan.count:
+        if not as_json:
+            output.line("nothing left to copy", err=True)
+        sys.exit(1)

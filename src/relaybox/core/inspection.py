@@ -19,8 +19,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import json
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
 from relaybox.errors import ConfigurationError
 
@@ -33,6 +35,9 @@ MAX_PAGE = 1000
 #: same rule that holds a key behind a backoff. An operator's release, replay or
 #: discard ends the hold. (Every database's date range reaches it.)
 HELD_UNTIL = datetime.datetime(9999, 12, 31, tzinfo=datetime.UTC)
+#: The longest delay an operator may give a message, in seconds (about 100 years): far
+#: within every database's date range, and short of HELD_UNTIL.
+MAX_DELAY = 100 * 365.25 * 86400.0
 
 
 class MessageState(enum.StrEnum):
@@ -92,6 +97,39 @@ class MessageFilter:
     def empty(self) -> bool:
         """True when the filter matches every message."""
         return self == MessageFilter()
+
+    def to_json(self) -> str:
+        """The filter as JSON text, as a backfill job keeps it."""
+        found: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is None or value == frozenset():
+                continue
+            if field.name == "states":
+                value = sorted(state.value for state in value)
+            elif isinstance(value, datetime.datetime):
+                value = value.isoformat()
+            elif isinstance(value, uuid.UUID):
+                value = str(value)
+            found[field.name] = value
+        return json.dumps(found, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> MessageFilter:
+        try:
+            found = json.loads(text)
+            if not isinstance(found, dict):
+                raise TypeError("not an object")
+            if "states" in found:
+                found["states"] = frozenset(MessageState(s) for s in found["states"])
+            for name in ("since", "until"):
+                if name in found:
+                    found[name] = datetime.datetime.fromisoformat(found[name])
+            if "id" in found:
+                found["id"] = uuid.UUID(found["id"])
+            return cls(**found)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"not a stored message filter: {exc}") from exc
 
     @property
     def wants_live(self) -> bool:
@@ -180,3 +218,34 @@ class Change:
             raise ConfigurationError("an actor's name is at most 200 characters")
         if self.reason is not None and len(self.reason) > 2000:
             raise ConfigurationError("a reason is at most 2000 characters")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RelayMember:
+    """A live relay as its membership shows it: which target it serves, since when,
+    until when its lease runs, and the partitions of that target it holds."""
+
+    worker: str
+    target: str
+    joined_at: datetime.datetime
+    lease_until: datetime.datetime
+    partitions: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackfillJob:
+    """A backfill: retained messages of `source` copied, in seq order, as new messages
+    to `target`. `cursor` is the seq of the last source message copied (0: none yet);
+    it moves in the transaction that writes the copies, so a backfill stopped at any
+    point goes on from there and copies each message once."""
+
+    name: str
+    source: MessageFilter
+    target: str
+    external: bool
+    cursor: int
+    copied: int
+    actor: str
+    reason: str | None
+    created_at: datetime.datetime
+    finished_at: datetime.datetime | None

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from relaybox.core.inspection import (
+    MAX_DELAY,
     MAX_PAGE,
     MAX_SEQ,
     AuditAction,
@@ -27,6 +28,7 @@ from relaybox.core.inspection import (
     MessageFilter,
     MessageState,
     MessageSummary,
+    RelayMember,
 )
 from relaybox.core.records import OutboxStats
 from relaybox.errors import ConfigurationError
@@ -152,6 +154,9 @@ class Operations:
     async def stats(self) -> OutboxStats:
         return await self.storage.stats()
 
+    async def relays(self) -> list[RelayMember]:
+        return await self.storage.relays()
+
     async def search(
         self,
         where: MessageFilter | None = None,
@@ -241,8 +246,10 @@ class Operations:
         progress: Progress | None = None,
     ) -> Outcome:
         """Carry out a plan, oldest row first, a page per statement."""
-        if plan.action is AuditAction.DELAY and not delay > 0:
-            raise ConfigurationError("a delay is a number of seconds above 0")
+        if plan.action is AuditAction.DELAY and not 0 < delay <= MAX_DELAY:
+            raise ConfigurationError(
+                f"a delay is a number of seconds above 0, at most {MAX_DELAY:g}"
+            )
         changed = 0
         for start in range(0, plan.count, PAGE):
             page = plan.seqs[start : start + PAGE]

@@ -28,11 +28,13 @@ from relaybox.core.inspection import (
     HELD_UNTIL,
     AuditAction,
     AuditRecord,
+    BackfillJob,
     Change,
     MessageDetail,
     MessageFilter,
     MessageState,
     MessageSummary,
+    RelayMember,
 )
 from relaybox.core.lifecycle import LIVE_STATES, Status
 from relaybox.core.message import DEFAULT_TARGET
@@ -145,10 +147,12 @@ class MemoryStorage:
         self._seqs = itertools.count(1)
         self._rows: dict[int, _Row] = {}  # insertion order is seq order
         self._members: dict[tuple[str, str], float] = {}  # (worker, target) -> lease_until
+        self._joined: dict[tuple[str, str], float] = {}  # (worker, target) -> joined at
         #: (target, partition) -> (owner, lease_until)
         self._owners: dict[tuple[str, int], tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._audit: list[AuditRecord] = []
+        self._backfills: dict[str, BackfillJob] = {}
         self._audit_ids = itertools.count(1)
 
     def insert(self, rows: Sequence[InsertRow]) -> list[int]:
@@ -548,6 +552,41 @@ class MemoryStorage:
             found = [r for r in reversed(self._audit) if before is None or r.id < before]
         return found[:limit]
 
+    async def backfill_job(self, name: str) -> BackfillJob | None:
+        with self._lock:
+            return self._backfills.get(name)
+
+    async def backfill_begin(
+        self, name: str, *, source: MessageFilter, target: str, external: bool, change: Change
+    ) -> BackfillJob:
+        with self._lock:
+            if name not in self._backfills:
+                self._backfills[name] = BackfillJob(
+                    name, source, target, external, 0, 0, change.actor, change.reason,
+                    _utc(self._clock()), None,
+                )  # fmt: skip
+            return self._backfills[name]
+
+    async def backfill_copy(
+        self, name: str, rows: Sequence[InsertRow], *, cursor: int, finished: bool
+    ) -> bool:
+        for row in rows:
+            _check(row)
+        with self._lock:
+            job = self._backfills.get(name)
+            if job is None or job.finished_at is not None:
+                return False
+            if job.cursor >= cursor and (rows or not finished):
+                return False
+            now = self._clock()
+            created = [self._new_row(row, now) for row in rows]
+            self._rows.update((r.seq, r) for r in created)
+            self._backfills[name] = dataclasses.replace(
+                job, cursor=max(job.cursor, cursor), copied=job.copied + len(rows),
+                finished_at=_utc(now) if finished else None,
+            )  # fmt: skip
+        return True
+
     async def abandoned(
         self, *, limit: int, before: int | None = None, target: str | None = None
     ) -> list[AbandonedMessage]:
@@ -574,6 +613,20 @@ class MemoryStorage:
             counts=dict(counts), oldest_pending_age=oldest, active_leases=leases,
             live_by_target=dict(targets),
         )  # fmt: skip
+
+    async def relays(self) -> list[RelayMember]:
+        with self._lock:
+            now = self._clock()
+            members = sorted(
+                (t, w, until) for (w, t), until in self._members.items() if until > now
+            )
+            found = []
+            for target, worker, until in members:
+                held = sorted(p for (t, p), (owner, lease) in self._owners.items()
+                              if t == target and owner == worker and lease > now)  # fmt: skip
+                joined = _utc(self._joined.get((worker, target), now))
+                found.append(RelayMember(worker, target, joined, _utc(until), tuple(held)))
+        return found
 
     async def heartbeat(
         self,
@@ -607,6 +660,8 @@ class MemoryStorage:
         """End dead memberships, renew `worker`'s of `target`; how many live ones serve
         `target`. Call under the lock."""
         self._members = {m: t for m, t in self._members.items() if t > now}
+        self._joined = {m: t for m, t in self._joined.items() if m in self._members}
+        self._joined.setdefault((worker, target), now)
         self._members[worker, target] = until
         return sum(1 for (_, t) in self._members if t == target)
 

@@ -15,6 +15,7 @@ from relaybox.core.inspection import (
     MessageDetail,
     MessageState,
     MessageSummary,
+    RelayMember,
 )
 from relaybox.core.records import AbandonedMessage, StoredMessage
 
@@ -229,3 +230,21 @@ def decode_audit(row: Sequence[Any]) -> AuditRecord:
         target=target,
         key=key,
     )
+
+
+def relay_members(
+    members: Sequence[Sequence[Any]], owned: Sequence[Sequence[Any]]
+) -> list[RelayMember]:
+    """The rows of `relay_members` (worker, target, joined_at, lease_until) with the
+    partitions `relay_partitions` (target, owner, partition) gives each."""
+    held: dict[tuple[str, str], list[int]] = {}
+    for target, owner, partition in owned:
+        held.setdefault((str(target), str(owner)), []).append(int(partition))
+    return [
+        RelayMember(
+            worker=str(worker), target=str(target), joined_at=as_utc(joined_at),
+            lease_until=as_utc(lease_until),
+            partitions=tuple(sorted(held.get((str(target), str(worker)), ()))),
+        )
+        for worker, target, joined_at, lease_until in members
+    ]  # fmt: skip

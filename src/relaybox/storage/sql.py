@@ -31,12 +31,13 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
-from typing import Any, ClassVar, Protocol, Self, TypeVar, overload
+from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from relaybox import sql
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.inspection import (
     HELD_UNTIL,
+    MAX_DELAY,
     MAX_SEQ,
     AuditAction,
     AuditRecord,
@@ -44,6 +45,7 @@ from relaybox.core.inspection import (
     MessageDetail,
     MessageFilter,
     MessageSummary,
+    RelayMember,
 )
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import DEFAULT_TARGET
@@ -72,6 +74,7 @@ from relaybox.storage.rows import (
     decode_detail,
     decode_summary,
     lease_token,
+    relay_members,
 )
 from relaybox.storage.urls import DatabaseUrl
 
@@ -462,24 +465,10 @@ class SqlStorage(abc.ABC):
             return 0
         return await self._execute("abandon", _failures(failures, retry=False), lease_token(token))
 
-    @overload
-    async def release(self, token: str, seqs: Sequence[int], /) -> int: ...
-    @overload
-    async def release(self, seqs: Sequence[int], change: Change, /) -> int: ...
-    async def release(self, first: str | Sequence[int], second: Sequence[int] | Change, /) -> int:
-        """Two ports name a release: a row-lease relay gives back rows it claimed (a
-        token, then seqs), and an operator releases held rows (seqs, then a change)."""
-        if isinstance(second, Change):
-            if isinstance(first, str):
-                raise TypeError("an operator's release takes seqs, then the change")
-            return await self._change(
-                "release_held", AuditAction.RELEASE, first, second, check=self._held()
-            )
-        if not isinstance(first, str):
-            raise TypeError("a row-lease release takes the claim's token, then seqs")
-        if not second:
+    async def release(self, token: str, seqs: Sequence[int]) -> int:
+        if not seqs:
             return 0
-        return await self._execute("release", Seqs(second), lease_token(first))
+        return await self._execute("release", Seqs(seqs), lease_token(token))
 
     async def renew(self, token: str, seqs: Sequence[int], lease_seconds: float) -> int:
         if not seqs:
@@ -511,6 +500,14 @@ class SqlStorage(abc.ABC):
     ) -> list[AbandonedMessage]:
         rows = await self._fetch("abandoned", before, target, check_listing(limit))
         return [decode_abandoned(row) for row in rows]
+
+    async def relays(self) -> list[RelayMember]:
+        async def read(session: Session) -> list[RelayMember]:
+            members = await session.fetch("relay_members")
+            owned = await session.fetch("relay_partitions")
+            return relay_members(members, owned)
+
+        return await self._run(read, atomic=True)
 
     #: A named query run first in the counts' own transaction (PostgreSQL: the
     #: planner settings those whole-table reads need, see postgres.py).
@@ -575,6 +572,11 @@ class SqlStorage(abc.ABC):
         action = AuditAction.DELAY if delay > 0 else AuditAction.EXPEDITE
         return await self._change(
             "reschedule", action, seqs, change, check=self._held(), values=[float(delay)]
+        )
+
+    async def release_held(self, seqs: Sequence[int], change: Change) -> int:
+        return await self._change(
+            "release_held", AuditAction.RELEASE, seqs, change, check=self._held()
         )
 
     async def hold(self, seqs: Sequence[int], change: Change) -> int:
@@ -649,11 +651,6 @@ async def _rolled_back(connection: Connection) -> bool:
     except Exception:  # noqa: BLE001 - the caller raises the original error
         return False
     return True
-
-
-#: The longest delay an operator may give a row: about 100 years, far within every
-#: database's date range and short of the held rows' due time.
-MAX_DELAY = 100 * 365.25 * 86400.0
 
 
 def seq_bounds(

@@ -702,3 +702,15 @@ UPDATE {table}_partitions SET owner = NULL, lease_until = NULL WHERE owner = $1:
 -- name: member_leave
 -- $1 worker.
 DELETE FROM {table}_members WHERE worker = $1::text;
+
+-- name: relay_members
+-- The live relays (the console's list): each membership still within its lease.
+SELECT worker, target, joined_at, lease_until FROM {table}_members
+WHERE lease_until >= now()
+ORDER BY target, worker;
+
+-- name: relay_partitions
+-- Which partitions each live relay holds, by target.
+SELECT target, owner, partition FROM {table}_partitions
+WHERE owner IS NOT NULL AND lease_until >= now()
+ORDER BY target, owner, partition;
