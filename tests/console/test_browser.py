@@ -163,6 +163,9 @@ async def test_an_operator_finds_an_abandoned_message_and_replays_it_in_key_orde
             default = page.locator('table.targets tr[data-target="default"] td')
             await expect(default.nth(3)).to_have_text("1")  # abandoned, linked to its search
             await expect(default.nth(4)).not_to_have_text("—")  # stuck since
+            relays = page.locator("table.relays tr").nth(1)  # the running relay, all 8 partitions
+            await expect(relays.locator("td").nth(1)).to_have_text("default")
+            await expect(relays.locator("td").nth(2)).to_have_text("8")
             await shots.take(page, "console-overview.png")
 
             await page.get_by_role("link", name="Search").click()

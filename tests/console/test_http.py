@@ -28,6 +28,7 @@ from relaybox.core.inspection import (
     MessageFilter,
     MessageState,
     MessageSummary,
+    RelayMember,
 )
 from relaybox.core.lifecycle import Status
 from relaybox.core.records import OutboxStats
@@ -85,6 +86,9 @@ class FakeOperations:
         self.acts.append((action, selection, change, dry_run))
         plan = Plan(action, [7], [("default", "k")], [summary(9, state=MessageState.PUBLISHED)])
         return Outcome(plan, 0 if dry_run else 1, dry_run)
+
+    async def relays(self) -> list[RelayMember]:
+        return [RelayMember("relay-1", "default", NOW, NOW, (0, 2))]
 
     async def audit(self, *, limit: int = 50, before: int | None = None) -> list[Any]:
         return []
@@ -293,6 +297,10 @@ def test_tables_message_and_missing_message_shapes() -> None:
                     "stuck_since": NOW.isoformat()},
     }  # fmt: skip
     assert (table["held"], table["stuck_more"]) == (0, False)
+    assert table["relays"] == [{
+        "worker": "relay-1", "target": "default", "joined_at": NOW.isoformat(),
+        "lease_until": NOW.isoformat(), "partitions": [0, 2],
+    }]  # fmt: skip
     found = http.get("/api/tables/0/messages/7").json()
     assert found["payload"]["kind"] == "json"
     assert [m["seq"] for m in found["queue"]["behind"]] == [8]

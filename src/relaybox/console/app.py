@@ -148,8 +148,8 @@ class _Api:
         for index, table in enumerate(self.tables_):
             stuck = await table.search(MessageFilter(states=_STUCK), limit=MAX_PAGE)
             more = stuck.next_after is not None
-            stats = await table.stats()
-            found.append(views.table_json(index, table.name, stats, stuck.messages, more))
+            stats, relays = await table.stats(), await table.relays()
+            found.append(views.table_json(index, table.name, stats, stuck.messages, more, relays))
         return JSONResponse({"tables": found})
 
     async def search(self, request: Request) -> Response:

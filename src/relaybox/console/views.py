@@ -23,6 +23,7 @@ from relaybox.core.inspection import (
     MessageFilter,
     MessageState,
     MessageSummary,
+    RelayMember,
 )
 from relaybox.core.records import OutboxStats
 from relaybox.errors import ConfigurationError
@@ -159,11 +160,17 @@ def audit_page_of(query: Mapping[str, Sequence[str]]) -> tuple[int, int | None]:
 
 
 def table_json(
-    index: int, name: str, stats: OutboxStats, stuck: Sequence[MessageSummary], more: bool
+    index: int,
+    name: str,
+    stats: OutboxStats,
+    stuck: Sequence[MessageSummary],
+    more: bool,
+    relays: Sequence[RelayMember],
 ) -> dict[str, Any]:
-    """A table's overview: its counts by status, and per target the messages still to
+    """A table's overview: its counts by status; per target the messages still to
     deliver and those stuck (`stuck`: the newest retrying, held and abandoned ones, with
-    `more` when there are more than those), with the oldest stuck one's time."""
+    `more` when there are more than those), with the oldest stuck one's time; and the
+    live relays with the partitions each holds."""
     targets: dict[str, dict[str, Any]] = {
         target: _target(live) for target, live in stats.live_by_target.items()
     }
@@ -184,6 +191,16 @@ def table_json(
         },
         "oldest_pending_age": stats.oldest_pending_age,
         "active_leases": stats.active_leases,
+        "relays": [
+            {
+                "worker": relay.worker,
+                "target": relay.target,
+                "joined_at": _time(relay.joined_at),
+                "lease_until": _time(relay.lease_until),
+                "partitions": list(relay.partitions),
+            }
+            for relay in relays
+        ],
     }
 
 

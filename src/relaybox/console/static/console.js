@@ -145,6 +145,14 @@ async function overview() {
       el("h3", {}, "By target: still to deliver, and stuck"),
       targets.length ? el("table", { class: "targets" }, targetHead, targets) : el("p", { class: "note" }, "Nothing."),
       table.stuck_more ? el("p", { class: "note" }, "Stuck counts are of the newest 1000 stuck messages.") : null,
+      el("h3", {}, "Live relays"),
+      table.relays.length
+        ? el("table", { class: "relays" },
+          el("tr", {}, ["relay", "target", "partitions held", "since", "lease until"].map((n) => el("th", {}, n))),
+          table.relays.map((r) => el("tr", {}, el("td", {}, r.worker), el("td", {}, r.target),
+            el("td", { title: r.partitions.join(", ") }, r.partitions.length), el("td", {}, r.joined_at),
+            el("td", {}, r.lease_until))))
+        : el("p", { class: "note" }, "None (or relays that lease rows, not partitions)."),
       el("p", { class: "note" },
         `Oldest due message waits: ${table.oldest_pending_age === null ? "—" : `${table.oldest_pending_age.toFixed(1)} s`}; `
         + `leases held: ${table.active_leases}`));
