@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import time
 import uuid
 import warnings
 from typing import Any
@@ -19,7 +20,8 @@ with warnings.catch_warnings():  # newer starlettes ask for httpx2 here; httpx w
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
-from relaybox.console import create_app
+from relaybox.console import create_app, guard
+from relaybox.console.guard import SESSION_SECONDS
 from relaybox.console.views import filter_of
 from relaybox.core.inspection import (
     AuditAction,
@@ -169,6 +171,26 @@ def test_a_forged_or_foreign_session_cookie_is_not_a_session() -> None:
         "/api/tables/0/actions/replay", json=REPLAY, headers={"Origin": HOST, "X-CSRF-Token": "x"}
     )
     assert answer.status_code == 401
+    assert fake.acts == []
+
+
+def test_a_session_ends_after_its_time_and_on_signing_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeOperations()
+    http = client(fake)
+    csrf = signed_in(http)
+    later = time.time() + SESSION_SECONDS + 1
+    monkeypatch.setattr(guard.time, "time", lambda: later)
+    assert http.get("/api/session").json()["signed_in"] is False
+    answer = http.post(
+        "/api/tables/0/actions/replay", json=REPLAY, headers={"Origin": HOST, "X-CSRF-Token": csrf}
+    )
+    assert answer.status_code == 401
+    monkeypatch.undo()
+    signed_in(http)
+    out = http.post("/api/logout", json={}, headers={"Origin": HOST})
+    assert out.status_code == 200
+    assert 'relaybox_console=""' in out.headers["set-cookie"]
+    assert http.get("/api/session").json()["signed_in"] is False
     assert fake.acts == []
 
 

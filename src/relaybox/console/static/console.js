@@ -289,16 +289,16 @@ function actionsPanel(table, selection, what, done) {
   const reason = el("input", { name: "reason", id: "reason", size: 40 });
   const delay = el("input", { name: "delay", id: "delay", value: "60", size: 6 });
   const outcome = el("div", { id: "outcome" });
-  const body = (dryRun) => ({ ...selection, dry_run: dryRun, actor: actor.value,
-    reason: reason.value || null, delay: Number(delay.value) });
+  const body = (action, dryRun) => ({ ...selection, dry_run: dryRun, actor: actor.value,
+    reason: reason.value || null, ...(action === "delay" ? { delay: Number(delay.value) } : {}) });
   const ask = async (action) => {
     localStorage.setItem("relaybox-actor", actor.value);
     outcome.replaceChildren();
     try {
-      const preview = await post(`api/tables/${table}/actions/${action}`, body(true));
+      const preview = await post(`api/tables/${table}/actions/${action}`, body(action, true));
       const confirm = el("button", { type: "button", id: "confirm", onclick: async () => {
         try {
-          const result = await post(`api/tables/${table}/actions/${action}`, body(false));
+          const result = await post(`api/tables/${table}/actions/${action}`, body(action, false));
           outcome.replaceChildren(el("p", { class: "done", id: "done" },
             `Done: ${action} changed ${result.changed} of ${result.matched} message${result.matched === 1 ? "" : "s"}.`,
             " ", el("button", { type: "button", onclick: done }, "Reload")));
