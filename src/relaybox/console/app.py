@@ -81,8 +81,10 @@ def build(tables: Sequence[Operations], *, token: str | None, read_only: bool) -
 
 
 class _Api:
+    """The API's handlers over the tables' operations, table N being the Nth given."""
+
     def __init__(self, tables: list[Operations], guard: Guard) -> None:
-        self.tables_ = tables
+        self.operations = tables
         self.guard = guard
 
     # -- who is asking -----------------------------------------------------------------
@@ -145,7 +147,7 @@ class _Api:
 
     async def tables(self, request: Request) -> Response:
         found = []
-        for index, table in enumerate(self.tables_):
+        for index, table in enumerate(self.operations):
             stuck = await table.search(MessageFilter(states=_STUCK), limit=MAX_PAGE)
             more = stuck.next_after is not None
             stats, relays = await table.stats(), await table.relays()
@@ -206,9 +208,9 @@ class _Api:
 
     def _table(self, request: Request) -> Operations:
         index: int = request.path_params["table"]
-        if index >= len(self.tables_):
+        if index >= len(self.operations):
             raise HTTPException(404, f"no table {index}")
-        return self.tables_[index]
+        return self.operations[index]
 
 
 def _query(request: Request) -> dict[str, list[str]]:
