@@ -212,26 +212,35 @@ async def test_pages_walk_both_ways_with_their_cursors(backend: Backend) -> None
 
 
 async def test_live_and_finished_rows_merge_in_seq_order(backend: Backend) -> None:
-    await write(backend, *[msg("k") for _ in range(6)])
+    await write(backend, *[msg("k") for _ in range(7)], msg("other"))
     done = []
-    for _ in range(3):  # the key's first three rows, finished one by one
+    for _ in range(3):  # the key's first rows, finished one by one, in turn
         token, seq = await claim_one(backend)
         await backend.storage.mark_published(token, [seq])
         done.append(seq)
-    every = await seqs(backend)
-    for where in (MessageFilter(), MessageFilter(target="default", key="k")):
+        token, seq = await claim_one(backend)
+        await backend.storage.abandon(token, [Failure(seq, "refused")])
+        done.append(seq)
+    every = await seqs(backend, key="k")
+    assert every[:6] == done
+    for where in (MessageFilter(key="k"), MessageFilter(target="default", key="k")):
         for newest_first in (True, False):
             found = await ops(backend).search(where, limit=4, newest_first=newest_first)
             expected = every[::-1][:4] if newest_first else every[:4]
             assert [m.seq for m in found] == expected
-    published = await ops(backend).search(
-        MessageFilter(target="default", key="k", states=frozenset({S.PUBLISHED})),
-        limit=10,
-        newest_first=False,
-    )
-    assert [m.seq for m in published] == done
+            after = await ops(backend).search(
+                where, limit=4, after=found[-1].seq, newest_first=newest_first
+            )
+            assert [m.seq for m in after] == (every[::-1][4:8] if newest_first else every[4:8])
+    for state, expected in ((S.PUBLISHED, done[0::2]), (S.ABANDONED, done[1::2])):
+        found = await ops(backend).search(
+            MessageFilter(target="default", key="k", states=frozenset({state})),
+            limit=10,
+            newest_first=False,
+        )
+        assert [m.seq for m in found] == expected
     live = await seqs(backend, target="default", key="k", states=frozenset({S.PENDING}))
-    assert live == every[3:]
+    assert live == every[6:]
 
 
 async def test_a_message_in_full(backend: Backend) -> None:

@@ -280,6 +280,10 @@ ORDER BY s.seq {order}
 LIMIT $17;
 
 -- name: search_key
+-- `search` of one (target, key) ($4 and $6, both given): live rows from the key index in
+-- seq order; finished ones, which no index of this table finds by key, from the indexes
+-- of the retention purges (only rows kept under a retention are in them), so that
+-- neither walks the other's rows.
 SELECT * FROM (
     (SELECT * FROM (
         SELECT o.seq, o.id,
@@ -309,10 +313,31 @@ SELECT * FROM (
     (SELECT o.seq, o.id, o.status AS state, o.target, o.topic, o.`key`, o.type,
         o.attempts, o.created_at, NULL AS available_at, o.occurred_at, o.published_at,
         o.abandoned_at, o.last_error, o.correlation_id
-     FROM {table} o FORCE INDEX (PRIMARY)
-     WHERE $2 AND o.status IN ('published', 'abandoned') AND o.seq BETWEEN $13 AND $14
+     FROM {table} o FORCE INDEX ({prefix}_published_ix)
+     WHERE $2 AND o.published_at IS NOT NULL AND o.status = 'published'
+       AND o.seq BETWEEN $13 AND $14
        AND o.target = $4 AND o.`key` = $6
-       AND ($3 IS NULL OR FIND_IN_SET(o.status, $3) > 0)
+       AND ($3 IS NULL OR FIND_IN_SET('published', $3) > 0)
+       AND ($5 IS NULL OR o.topic = $5)
+       AND ($7 IS NULL OR o.type = $7)
+       AND ($8 IS NULL OR o.id = $8)
+       AND ($9 IS NULL OR o.correlation_id = $9)
+       AND ($10 IS NULL OR o.causation_id = $10)
+       AND ($11 IS NULL OR o.tenant_id = $11)
+       AND ($12 IS NULL OR o.aggregate_id = $12)
+       AND ($15 IS NULL OR o.created_at >= $15)
+       AND ($16 IS NULL OR o.created_at <= $16)
+     ORDER BY o.seq {order}
+     LIMIT $17)
+    UNION ALL
+    (SELECT o.seq, o.id, o.status AS state, o.target, o.topic, o.`key`, o.type,
+        o.attempts, o.created_at, NULL AS available_at, o.occurred_at, o.published_at,
+        o.abandoned_at, o.last_error, o.correlation_id
+     FROM {table} o FORCE INDEX ({prefix}_abandoned_ix)
+     WHERE $2 AND o.abandoned_at IS NOT NULL AND o.status = 'abandoned'
+       AND o.seq BETWEEN $13 AND $14
+       AND o.target = $4 AND o.`key` = $6
+       AND ($3 IS NULL OR FIND_IN_SET('abandoned', $3) > 0)
        AND ($5 IS NULL OR o.topic = $5)
        AND ($7 IS NULL OR o.type = $7)
        AND ($8 IS NULL OR o.id = $8)

@@ -326,42 +326,75 @@ ORDER BY s.seq {order}
 LIMIT ?17;
 
 -- name: search_key
+-- `search` of one (target, key) (?4 and ?6, both given): live rows from the key index
+-- in seq order; finished ones, which no index of this table finds by key, from the
+-- partial indexes of the retention purges (only rows kept under a retention are in
+-- them), so that neither walks the other's rows.
+-- The live rows' state is tested where it is computed, not in an outer query: SQLite
+-- would read the key's every row to sort them (a subquery whose columns call the clock
+-- is not merged into the query around it), where this walks the key index in seq order
+-- and stops at the limit.
 SELECT * FROM (
-    SELECT * FROM (
-        SELECT o.seq, o.id,
-            CASE WHEN o.available_at >= ?18 THEN 'held'
-                 WHEN o.status = 'processing'
-                      AND o.locked_until > strftime('%Y-%m-%d %H:%M:%f', 'now')
-                     THEN 'in_flight'
-                 WHEN o.attempts > 0 OR o.status = 'failed' THEN 'retrying'
-                 WHEN o.available_at > strftime('%Y-%m-%d %H:%M:%f', 'now') THEN 'delayed'
-                 ELSE 'pending' END AS state,
-            o.target, o.topic, o."key", o.type, o.attempts, o.created_at, o.available_at,
-            o.occurred_at, o.published_at, o.abandoned_at, o.last_error, o.correlation_id
-        FROM {table} o INDEXED BY {prefix}_key_ix
-        WHERE ?1 AND o.target = ?4 AND o."key" = ?6 AND o.seq BETWEEN ?13 AND ?14
-          AND o."key" IS NOT NULL AND o.status IN ('pending', 'processing', 'failed')
-          AND (?5 IS NULL OR o.topic = ?5)
-          AND (?7 IS NULL OR o.type = ?7)
-          AND (?8 IS NULL OR o.id = ?8)
-          AND (?9 IS NULL OR o.correlation_id = ?9)
-          AND (?10 IS NULL OR o.causation_id = ?10)
-          AND (?11 IS NULL OR o.tenant_id = ?11)
-          AND (?12 IS NULL OR o.aggregate_id = ?12)
-          AND (?15 IS NULL OR o.created_at >= ?15)
-          AND (?16 IS NULL OR o.created_at <= ?16)) AS s
-    WHERE ?3 IS NULL OR instr(',' || ?3 || ',', ',' || s.state || ',') > 0
-    ORDER BY s.seq {order}
+    SELECT o.seq, o.id,
+        CASE WHEN o.available_at >= ?18 THEN 'held'
+             WHEN o.status = 'processing'
+                  AND o.locked_until > strftime('%Y-%m-%d %H:%M:%f', 'now')
+                 THEN 'in_flight'
+             WHEN o.attempts > 0 OR o.status = 'failed' THEN 'retrying'
+             WHEN o.available_at > strftime('%Y-%m-%d %H:%M:%f', 'now') THEN 'delayed'
+             ELSE 'pending' END AS state,
+        o.target, o.topic, o."key", o.type, o.attempts, o.created_at, o.available_at,
+        o.occurred_at, o.published_at, o.abandoned_at, o.last_error, o.correlation_id
+    FROM {table} o INDEXED BY {prefix}_key_ix
+    WHERE ?1 AND o.target = ?4 AND o."key" = ?6 AND o.seq BETWEEN ?13 AND ?14
+      AND o."key" IS NOT NULL AND o.status IN ('pending', 'processing', 'failed')
+      AND (?3 IS NULL OR instr(',' || ?3 || ',', ',' || CASE WHEN o.available_at >= ?18 THEN 'held'
+             WHEN o.status = 'processing'
+                  AND o.locked_until > strftime('%Y-%m-%d %H:%M:%f', 'now')
+                 THEN 'in_flight'
+             WHEN o.attempts > 0 OR o.status = 'failed' THEN 'retrying'
+             WHEN o.available_at > strftime('%Y-%m-%d %H:%M:%f', 'now') THEN 'delayed'
+             ELSE 'pending' END || ',') > 0)
+      AND (?5 IS NULL OR o.topic = ?5)
+      AND (?7 IS NULL OR o.type = ?7)
+      AND (?8 IS NULL OR o.id = ?8)
+      AND (?9 IS NULL OR o.correlation_id = ?9)
+      AND (?10 IS NULL OR o.causation_id = ?10)
+      AND (?11 IS NULL OR o.tenant_id = ?11)
+      AND (?12 IS NULL OR o.aggregate_id = ?12)
+      AND (?15 IS NULL OR o.created_at >= ?15)
+      AND (?16 IS NULL OR o.created_at <= ?16)
+    ORDER BY o.seq {order}
     LIMIT ?17)
 UNION ALL
 SELECT * FROM (
     SELECT o.seq, o.id, o.status AS state, o.target, o.topic, o."key", o.type, o.attempts,
         o.created_at, NULL AS available_at, o.occurred_at, o.published_at, o.abandoned_at,
         o.last_error, o.correlation_id
-    FROM {table} o NOT INDEXED
-    WHERE ?2 AND o.status IN ('published', 'abandoned') AND o.seq BETWEEN ?13 AND ?14
+    FROM {table} o INDEXED BY {prefix}_published_ix
+    WHERE ?2 AND o.status = 'published' AND o.seq BETWEEN ?13 AND ?14
       AND o.target = ?4 AND o."key" = ?6
-      AND (?3 IS NULL OR instr(',' || ?3 || ',', ',' || o.status || ',') > 0)
+      AND (?3 IS NULL OR instr(',' || ?3 || ',', ',published,') > 0)
+      AND (?5 IS NULL OR o.topic = ?5)
+      AND (?7 IS NULL OR o.type = ?7)
+      AND (?8 IS NULL OR o.id = ?8)
+      AND (?9 IS NULL OR o.correlation_id = ?9)
+      AND (?10 IS NULL OR o.causation_id = ?10)
+      AND (?11 IS NULL OR o.tenant_id = ?11)
+      AND (?12 IS NULL OR o.aggregate_id = ?12)
+      AND (?15 IS NULL OR o.created_at >= ?15)
+      AND (?16 IS NULL OR o.created_at <= ?16)
+    ORDER BY o.seq {order}
+    LIMIT ?17)
+UNION ALL
+SELECT * FROM (
+    SELECT o.seq, o.id, o.status AS state, o.target, o.topic, o."key", o.type, o.attempts,
+        o.created_at, NULL AS available_at, o.occurred_at, o.published_at, o.abandoned_at,
+        o.last_error, o.correlation_id
+    FROM {table} o INDEXED BY {prefix}_abandoned_ix
+    WHERE ?2 AND o.status = 'abandoned' AND o.seq BETWEEN ?13 AND ?14
+      AND o.target = ?4 AND o."key" = ?6
+      AND (?3 IS NULL OR instr(',' || ?3 || ',', ',abandoned,') > 0)
       AND (?5 IS NULL OR o.topic = ?5)
       AND (?7 IS NULL OR o.type = ?7)
       AND (?8 IS NULL OR o.id = ?8)
