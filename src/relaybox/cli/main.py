@@ -25,6 +25,7 @@ class _LazyGroup(click.Group):
     relay or a migration loads neither the benchmark nor the demo."""
 
     LAZY: Mapping[str, str] = {
+        "console": "relaybox.cli.console:console",
         "parked": "relaybox.cli.parked:parked",
         "relay": "relaybox.cli.relay:relay",
         "bench": "relaybox.tools.bench:bench",

@@ -35,6 +35,8 @@ EXTRAS: dict[str, str] = {
     "httpx": "http",
     "opentelemetry": "tracing",
     "prometheus_client": "metrics",
+    "starlette": "console",
+    "uvicorn": "console",
 }
 
 

@@ -1,0 +1,109 @@
+"""`relaybox console`: the operator's web console over one or more outbox tables."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pathlib
+
+import click
+
+from relaybox.cli import output, urls
+from relaybox.cli.urls import DB_ENV, from_environment
+from relaybox.core.extras import needs_extras
+from relaybox.core.identifiers import DEFAULT_TABLE
+from relaybox.errors import ConfigurationError, RelayboxError
+from relaybox.operations.messages import Operations
+
+TOKEN_ENV = "RELAYBOX_CONSOLE_TOKEN"
+DEFAULT_LISTEN = "127.0.0.1:8470"
+
+
+@click.command()
+@click.option(
+    "--db", "databases", multiple=True, envvar=DB_ENV, metavar="URL",
+    help=f"Database URL; repeatable (one table each). Also {DB_ENV}, separated by spaces.",
+)  # fmt: skip
+@click.option(
+    "--db-file", "db_files", multiple=True, type=click.Path(dir_okay=False), metavar="PATH",
+    help="Read a database URL from this file (keeps the password out of `ps`); repeatable.",
+)  # fmt: skip
+@click.option("--table", default=DEFAULT_TABLE, show_default=True)
+@click.option(
+    "--listen", default=DEFAULT_LISTEN, show_default=True, metavar="HOST:PORT",
+    help="Where to serve; another host than 127.0.0.1 lets other machines read messages.",
+)  # fmt: skip
+@click.option("--read-only", is_flag=True, help="Show messages, refuse every change.")
+@click.option(
+    "--token-file", type=click.Path(dir_okay=False), default=None, metavar="PATH",
+    help=f"Read the token that changes need from this file (or {TOKEN_ENV}). "
+    "Without a token the console is read-only.",
+)  # fmt: skip
+def console(
+    databases: tuple[str, ...],
+    db_files: tuple[str, ...],
+    table: str,
+    listen: str,
+    read_only: bool,
+    token_file: str | None,
+) -> None:
+    """Serve the web console: find stuck messages, see why and what waits behind them,
+    replay, discard, delay, expedite, hold or release them, with an audit record.
+
+    The token is never taken on the command line, where every user of the machine can
+    read it: give it in RELAYBOX_CONSOLE_TOKEN or a file."""
+    try:
+        host, port = listen_address(listen)
+        if db_files and from_environment("databases"):
+            databases = ()
+        found = urls.databases(databases, db_files)
+        token = read_token(token_file)
+        asyncio.run(_serve(found, table, host, port, token=token, read_only=read_only))
+    except RelayboxError as exc:
+        raise output.Failure(str(exc)) from exc
+
+
+def listen_address(address: str) -> tuple[str, int]:
+    """`HOST:PORT` (an IPv6 host in brackets) or `PORT` (on 127.0.0.1)."""
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", address
+    if not (port.isascii() and port.isdigit() and 0 < int(port) <= 65535 and host):
+        raise ConfigurationError(f"--listen {address!r}: give HOST:PORT, like {DEFAULT_LISTEN}")
+    return host.strip("[]"), int(port)
+
+
+def read_token(path: str | None) -> str | None:
+    """The token from the file, else from the environment; None: read-only."""
+    if path is None:
+        return os.environ.get(TOKEN_ENV) or None
+    try:
+        text = pathlib.Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigurationError(f"cannot read the token from {path}: {error}") from None
+    if not text or any(c.isspace() for c in text):
+        raise ConfigurationError(f"{path} must hold the token (and nothing else)")
+    return text
+
+
+async def _serve(
+    databases: list[str], table: str, host: str, port: int, *, token: str | None, read_only: bool
+) -> None:
+    with needs_extras("relaybox console"):
+        import uvicorn
+
+    from relaybox.console import create_app
+
+    async with contextlib.AsyncExitStack() as stack:
+        tables = [
+            await stack.enter_async_context(Operations.opened(url, table)) for url in databases
+        ]
+        app = create_app(tables, token=token, read_only=read_only)
+        mode = "read-only" if read_only or token is None else "changes need the token"
+        shown = f"[{host}]" if ":" in host else host
+        output.line(f"relaybox console on http://{shown}:{port}/ ({mode})")
+        for each in tables:
+            output.line(f"  {each.name}")
+        config = uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="warning")
+        await uvicorn.Server(config).serve()

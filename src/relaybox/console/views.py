@@ -1,0 +1,283 @@
+"""The console's requests: what a query or a body asks for, read into the operations
+module's types. What the operations return is written by relaybox.operations.views, the
+shapes the command line's --json prints too; a table's counts are written here.
+
+Everything a request carries is hostile until read here: a bad value is a
+ConfigurationError naming the parameter, which the application answers with a 400.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from relaybox.core.inspection import (
+    MAX_PAGE,
+    MAX_SEQ,
+    AuditAction,
+    Change,
+    MessageFilter,
+    MessageState,
+    MessageSummary,
+    RelayMember,
+)
+from relaybox.core.records import OutboxStats
+from relaybox.errors import ConfigurationError
+from relaybox.operations.messages import Selection
+
+#: The actions a request may ask for (a backfill has its own command).
+ACTIONS = frozenset(AuditAction) - {AuditAction.BACKFILL}
+#: The most seqs one action request may name.
+MAX_NAMED = MAX_PAGE
+#: The states an overview counts as stuck.
+STUCK = (MessageState.RETRYING, MessageState.HELD, MessageState.ABANDONED)
+#: The longest text a filter field may carry.
+MAX_TEXT = 1000
+_TEXT_FIELDS = (
+    "target",
+    "topic",
+    "key",
+    "type",
+    "correlation_id",
+    "causation_id",
+    "tenant_id",
+    "aggregate_id",
+)
+#: Every query parameter a search reads (besides `state`, which may repeat).
+FILTER_FIELDS = (*_TEXT_FIELDS, "id", "min_seq", "max_seq", "since", "until")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Search:
+    """A search request: the filter, the page size, where the page starts, the order."""
+
+    where: MessageFilter
+    limit: int
+    after: int | None
+    newest_first: bool
+
+
+# -- reading requests ------------------------------------------------------------------
+
+
+def search_of(query: Mapping[str, Sequence[str]]) -> Search:
+    """A search from query parameters (each name to its values, in order)."""
+    order = _one(query, "order") or "newest"
+    if order not in ("newest", "oldest"):
+        raise ConfigurationError(f"order {_shown(order)}: newest or oldest")
+    limit = _one(query, "limit")
+    after = _one(query, "after")
+    return Search(
+        where=filter_of(query),
+        limit=50 if limit is None else _integer("limit", limit, 1, MAX_PAGE),
+        after=None if after is None else _integer("after", after, 1, MAX_SEQ),
+        newest_first=order == "newest",
+    )
+
+
+def filter_of(fields: Mapping[str, Sequence[str]]) -> MessageFilter:
+    """A filter from named values: `state` may repeat, every other field is given once;
+    an empty value is a field not given."""
+    states = frozenset(_state(value) for value in fields.get("state", ()) if value)
+    values: dict[str, Any] = {"states": states}
+    for name in _TEXT_FIELDS:
+        text = _one(fields, name)
+        if text is not None:
+            values[name] = _text(name, text)
+    if (text := _one(fields, "id")) is not None:
+        values["id"] = _uuid(text)
+    for name in ("min_seq", "max_seq"):
+        if (text := _one(fields, name)) is not None:
+            values[name] = _integer(name, text, 1, MAX_SEQ)
+    for name in ("since", "until"):
+        if (text := _one(fields, name)) is not None:
+            values[name] = _instant(name, text)
+    return MessageFilter(**values)
+
+
+def selection_of(body: Mapping[str, Any]) -> Selection:
+    """What an action request names: `seqs` (a list of seqs) or `filter` (an object of
+    the search's fields, `state` a list), not both; a filter that names nothing would
+    take the whole table, so it is refused."""
+    seqs, where = body.get("seqs"), body.get("filter")
+    if (seqs is None) == (where is None):
+        raise ConfigurationError("name the messages: seqs, or a filter (not both)")
+    if seqs is not None:
+        if not isinstance(seqs, list) or not seqs:
+            raise ConfigurationError("seqs: a list of at least one seq")
+        if len(seqs) > MAX_NAMED:
+            raise ConfigurationError(f"seqs: at most {MAX_NAMED} at once; use a filter")
+        return [_seq(value) for value in seqs]
+    if not isinstance(where, dict):
+        raise ConfigurationError("filter: an object of search fields")
+    unknown = set(where) - {*FILTER_FIELDS, "state"}
+    if unknown:
+        raise ConfigurationError(f"filter: unknown field {_shown(sorted(unknown)[0])}")
+    fields = {name: _strings(name, value) for name, value in where.items()}
+    chosen = filter_of(fields)
+    if chosen.empty:
+        raise ConfigurationError("filter: name at least one field (it would take every message)")
+    return chosen
+
+
+def change_of(body: Mapping[str, Any]) -> Change:
+    actor, reason = body.get("actor"), body.get("reason")
+    if not isinstance(actor, str):
+        raise ConfigurationError("name who makes the change (the actor)")
+    if reason is not None and not isinstance(reason, str):
+        raise ConfigurationError("reason: text")
+    return Change(actor.strip(), reason.strip() or None if reason else None)
+
+
+def delay_of(body: Mapping[str, Any]) -> float:
+    delay = body.get("delay", 0.0)
+    if isinstance(delay, bool) or not isinstance(delay, int | float):
+        raise ConfigurationError("delay: a number of seconds")
+    if not 0 <= delay <= 366 * 86400:
+        raise ConfigurationError("delay: 0 to 366 days, in seconds")
+    return float(delay)
+
+
+def action_of(name: str) -> AuditAction:
+    if name not in {str(action) for action in ACTIONS}:
+        raise ConfigurationError(f"action {_shown(name)}: one of {', '.join(sorted(ACTIONS))}")
+    return AuditAction(name)
+
+
+def audit_page_of(query: Mapping[str, Sequence[str]]) -> tuple[int, int | None]:
+    limit, before = _one(query, "limit"), _one(query, "before")
+    return (
+        50 if limit is None else _integer("limit", limit, 1, MAX_PAGE),
+        None if before is None else _integer("before", before, 1, MAX_SEQ),
+    )
+
+
+# -- writing answers -------------------------------------------------------------------
+
+
+def table_json(
+    index: int,
+    name: str,
+    stats: OutboxStats,
+    stuck: Sequence[MessageSummary],
+    more: bool,
+    relays: Sequence[RelayMember],
+) -> dict[str, Any]:
+    """A table's overview: its counts by status; per target the messages still to
+    deliver and those stuck (`stuck`: the newest retrying, held and abandoned ones, with
+    `more` when there are more than those), with the oldest stuck one's time; and the
+    live relays with the partitions each holds."""
+    targets: dict[str, dict[str, Any]] = {
+        target: _target(live) for target, live in stats.live_by_target.items()
+    }
+    for row in stuck:
+        counts = targets.setdefault(row.target, _target(0))
+        counts[str(row.state)] += 1
+        since = counts["stuck_since"]
+        counts["stuck_since"] = min(since, row.created_at) if since else row.created_at
+    return {
+        "index": index,
+        "name": name,
+        "counts": {str(status): count for status, count in stats.by_status().items()},
+        "held": sum(row.state is MessageState.HELD for row in stuck),
+        "stuck_more": more,
+        "targets": {
+            target: {**counts, "stuck_since": _time(counts["stuck_since"])}
+            for target, counts in sorted(targets.items())
+        },
+        "oldest_pending_age": stats.oldest_pending_age,
+        "active_leases": stats.active_leases,
+        "relays": [
+            {
+                "worker": relay.worker,
+                "target": relay.target,
+                "joined_at": _time(relay.joined_at),
+                "lease_until": _time(relay.lease_until),
+                "partitions": list(relay.partitions),
+            }
+            for relay in relays
+        ],
+    }
+
+
+# -- inside ----------------------------------------------------------------------------
+
+
+def _target(live: int) -> dict[str, Any]:
+    return {"live": live, **{str(state): 0 for state in STUCK}, "stuck_since": None}
+
+
+def _time(value: datetime.datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _one(fields: Mapping[str, Sequence[str]], name: str) -> str | None:
+    """The one value of `name` (None when absent or empty)."""
+    values = [value for value in fields.get(name, ()) if value != ""]
+    if len(values) > 1:
+        raise ConfigurationError(f"{name}: give it once")
+    return values[0] if values else None
+
+
+def _strings(name: str, value: object) -> list[str]:
+    """A filter field of a JSON body as the query's list of strings."""
+    items = value if isinstance(value, list) and name == "state" else [value]
+    if not all(isinstance(item, str | int) and not isinstance(item, bool) for item in items):
+        raise ConfigurationError(f"filter: {name} must be text")
+    return [str(item) for item in items]
+
+
+def _state(text: str) -> MessageState:
+    try:
+        return MessageState(text)
+    except ValueError:
+        states = ", ".join(str(state) for state in MessageState)
+        raise ConfigurationError(f"state {_shown(text)}: one of {states}") from None
+
+
+def _text(name: str, text: str) -> str:
+    if len(text) > MAX_TEXT:
+        raise ConfigurationError(f"{name}: at most {MAX_TEXT} characters")
+    return text
+
+
+def _uuid(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise ConfigurationError(f"id {_shown(text)}: not a UUID") from None
+
+
+def _integer(name: str, text: str, low: int, high: int) -> int:
+    if not (text.isascii() and text.isdigit() and len(text) <= 19):
+        raise ConfigurationError(f"{name} {_shown(text)}: a whole number from {low} to {high}")
+    value = int(text)
+    if not low <= value <= high:
+        raise ConfigurationError(f"{name} {value}: a whole number from {low} to {high}")
+    return value
+
+
+def _seq(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ConfigurationError("seqs: whole numbers")
+    return _integer("seq", str(value), 1, MAX_SEQ)
+
+
+def _instant(name: str, text: str) -> datetime.datetime:
+    """An ISO 8601 time; one without a zone is UTC (what the form's fields send)."""
+    try:
+        value = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigurationError(
+            f"{name} {_shown(text)}: an ISO 8601 time, e.g. 2024-05-01T12:00:00Z"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
+
+
+def _shown(text: str) -> str:
+    """A value of the request, quoted and cut short, for an error message."""
+    return json.dumps(text[:80] + ("..." if len(text) > 80 else ""))
