@@ -94,21 +94,32 @@ def first_of(key: str) -> Callable[[StoredMessage], bool]:
     return lambda m: m.key == key and numbered(m) == 0
 
 
-async def abandon(db: OutboxDB, publisher: MemoryPublisher, batch: list[Message]) -> Relay:
+async def abandon(
+    db: OutboxDB, publisher: MemoryPublisher, batch: list[Message], *, hold_keys: bool = False
+) -> Relay:
     """Write `batch` and start a relay (keeping published rows) that publishes to
-    `publisher`; returns once every message is published or abandoned."""
+    `publisher`; returns once every message is published or abandoned (with
+    `hold_keys`: once one is held and the keys not held are published)."""
     await db.write(batch)
     relay = Relay(
         db.database, {"default": publisher}, table=db.table,
-        settings=fast_settings(published_retention=3600.0),
+        settings=fast_settings(published_retention=3600.0, hold_keys=hold_keys),
     )  # fmt: skip
     await relay.__aenter__()
     try:
-        await eventually(lambda: _settled(db, len(batch)))
+        if hold_keys:
+            await eventually(lambda: _held_one(db, published=len(batch) - 3))
+        else:
+            await eventually(lambda: _settled(db, len(batch)))
     except BaseException:
         await relay.__aexit__(None, None, None)
         raise
     return relay
+
+
+async def _held_one(db: OutboxDB, *, published: int) -> bool:
+    stats = await db.storage.stats()
+    return stats.held == 1 and stats.by_status()["published"] == published
 
 
 async def _settled(db: OutboxDB, count: int) -> bool:
@@ -220,6 +231,49 @@ async def test_an_operator_finds_an_abandoned_message_and_replays_it_in_key_orde
 
 
 _ABANDONED = frozenset({MessageState.ABANDONED})
+
+
+async def test_with_keys_held_a_replayed_message_goes_out_first_and_its_key_follows_in_order(
+    db: OutboxDB, operations: Operations, browser: Browser
+) -> None:
+    """The hold-the-key policy: the refused message holds its key; after the replay the
+    key's messages reach the broker in their written order, without a gap."""
+    publisher = MemoryPublisher()
+    publisher.reject(first_of("order-1"), error="422 Unprocessable: schema v2 unknown")
+    batch = [*orders("order-1", 3), *orders("order-2", 2)]
+    relay = await abandon(db, publisher, batch, hold_keys=True)
+    try:
+        assert [m.key for m in publisher.published] == ["order-2", "order-2"]
+        publisher.heal()
+        async with serving(create_app([operations], token=TOKEN)) as base:
+            page = await browser.new_page()
+            await page.goto(f"{base}/")
+            await sign_in(page)
+            await page.get_by_role("link", name="Search").click()
+            await page.get_by_label("key", exact=True).fill("order-1")
+            await page.locator("input[name=state][value=held]").check()
+            await page.get_by_role("button", name="Search").click()
+            rows = page.locator("table.results tr[data-seq]")
+            await expect(rows).to_have_count(1)
+            held = int(await rows.first.get_attribute("data-seq") or 0)
+            await rows.first.get_by_role("link", name=f"#{held}").click()
+            await expect(page.locator("h2")).to_contain_text("held")
+            for seq in (held + 1, held + 2):  # order-1's n=1 and n=2 wait behind it
+                await expect(page.get_by_role("link", name=f"#{seq}", exact=True)).to_be_visible()
+            await page.locator("#actor").fill("ana")
+            await page.locator("button[data-action=replay]").click()
+            await expect(page.locator("#preview p")).to_have_text(
+                f"Will replay 1 message (#{held}) of key default/order-1; "
+                "already published ahead: none."
+            )
+            assert await state(operations, held) is MessageState.HELD  # a dry run
+            await page.locator("#confirm").click()
+            await expect(page.locator("#done")).to_contain_text("replay changed 1 of 1 message")
+            await eventually(lambda: len(publisher.published) == len(batch))
+    finally:
+        await relay.__aexit__(None, None, None)
+    order_1 = [numbered(m) for m in publisher.published if m.key == "order-1"]
+    assert order_1 == [0, 1, 2]
 
 
 async def _in_state(operations: Operations, seq: int, wanted: MessageState) -> bool:
