@@ -181,3 +181,22 @@ async def test_the_live_relays_are_listed_with_the_partitions_each_holds(
     assert all(r.joined_at <= r.lease_until for r in relays)
     await storage.leave("w1")
     assert [r.worker for r in await ops(backend).relays()] == ["w2"]
+
+
+async def test_a_key_searched_without_a_target_is_found_in_every_target(backend: Backend) -> None:
+    await write(backend, msg("k"), msg("j"), msg("k", targets=["partner"]), msg("k"))
+    first = await abandon_first(backend)  # one finished row of the key, in default
+    operations = ops(backend)
+    for newest_first in (True, False):
+        seen: list[tuple[int, str]] = []
+        after = None
+        while True:
+            page = await operations.search(
+                MessageFilter(key="k"), limit=2, after=after, newest_first=newest_first
+            )
+            seen += [(m.seq, m.target) for m in page.messages]
+            if page.next_after is None:
+                break
+            after = page.next_after
+        expected = [(first, "default"), (first + 2, "partner"), (first + 3, "default")]
+        assert seen == (expected[::-1] if newest_first else expected)

@@ -213,6 +213,7 @@ class PostgresStorage(SqlStorage):
     #: The abandon steps move some rows and hold others in one statement.
     _COUNTED = frozenset({"abandon_owned", "abandon"})
     _ONE_STATEMENT_CHANGES = True
+    _KEY_TARGETS = True
     dialect = "postgresql"
     label = "PostgreSQL"
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import datetime
 import json
 import logging
@@ -259,6 +260,10 @@ class SqlStorage(abc.ABC):
     def _value(self, value: datetime.datetime | uuid.UUID) -> Any:
         """A time or a uuid as this dialect's queries take it (PostgreSQL: as is)."""
         return value
+
+    #: Whether a search of a key without a target first lists the key's targets (a
+    #: loose scan of the key indexes) and walks each one's key index.
+    _KEY_TARGETS: ClassVar[bool] = False
 
     #: Whether each operator's change is one statement that also writes its audit
     #: records (PostgreSQL); elsewhere it takes three steps in one transaction.
@@ -573,6 +578,16 @@ class SqlStorage(abc.ABC):
         bounds = seq_bounds(where, after, newest_first=newest_first)
         if bounds is None or check_listing(limit) == 0:
             return []
+        if where.key is not None and where.target is None and self._KEY_TARGETS:
+            # One key's rows in every target: each target's key index, merged.
+            found: list[MessageSummary] = []
+            for (target,) in await self._fetch("key_targets", where.key):
+                found += await self.search(
+                    dataclasses.replace(where, target=str(target)), limit=limit, after=after,
+                    newest_first=newest_first,
+                )  # fmt: skip
+            found.sort(key=lambda m: m.seq, reverse=newest_first)
+            return found[:limit]
         keyed = where.target is not None and where.key is not None
         name = ("search_key" if keyed else "search") + ("_desc" if newest_first else "_asc")
         states = ",".join(sorted(where.states)) or None

@@ -797,3 +797,26 @@ SET cursor_seq = CASE WHEN cursor_seq < $2 THEN $2 ELSE cursor_seq END,
     copied = copied + $3, updated_at = now(),
     finished_at = CASE WHEN $4 THEN now() ELSE NULL END
 WHERE name = $1 AND finished_at IS NULL AND (cursor_seq < $2 OR ($3 = 0 AND $4));
+
+-- name: key_targets
+-- $1 key: the targets that have rows of this key, live or finished, each found by one
+-- probe of the (target, key, seq) indexes past the one before (a loose scan): a search
+-- of one key without a target then walks each target's key index instead of every row.
+WITH RECURSIVE live(target) AS (
+    (SELECT o.target FROM {table} o WHERE o.key IS NOT NULL ORDER BY o.target LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.target FROM {table} o
+            WHERE o.key IS NOT NULL AND o.target > live.target ORDER BY o.target LIMIT 1)
+    FROM live WHERE live.target IS NOT NULL
+), done(target) AS (
+    (SELECT d.target FROM {table}_done d WHERE d.key IS NOT NULL ORDER BY d.target LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.target FROM {table}_done d
+            WHERE d.key IS NOT NULL AND d.target > done.target ORDER BY d.target LIMIT 1)
+    FROM done WHERE done.target IS NOT NULL
+)
+SELECT t.target FROM (SELECT target FROM live UNION SELECT target FROM done) AS t
+WHERE t.target IS NOT NULL
+  AND (EXISTS (SELECT 1 FROM {table} o WHERE o.target = t.target AND o.key = $1::text)
+       OR EXISTS (SELECT 1 FROM {table}_done d WHERE d.target = t.target AND d.key = $1::text))
+ORDER BY t.target;
