@@ -110,7 +110,7 @@ def recording(ops: Operations) -> list[tuple[str, list[Any]]]:
 
 
 def session(url: str) -> psycopg.Connection[Any]:
-    conn = psycopg.connect(url, autocommit=True)
+    conn = psycopg.connect(url, autocommit=True, prepare_threshold=None)
     for name, value in SESSION_SETTINGS.items():
         conn.execute(pgsql.SQL("SELECT set_config({}, {}, false)").format(name, value))
     return conn
@@ -125,6 +125,10 @@ def _read(conn: psycopg.Connection[Any], table: str) -> int:
     return int(read)
 
 
+#: Plan nodes that scan no table or index of their own.
+_NOT_READS = ("Subquery Scan", "WorkTable Scan")
+
+
 def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
     yield plan
     for child in plan.get("Plans", []):
@@ -132,6 +136,21 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def explain(
+    conn: psycopg.Connection[Any], table: str, sent: list[tuple[str, list[Any]]]
+) -> list[dict[str, Any]]:
+    """Each statement of one search explained with ANALYZE, in one transaction rolled
+    back, in the order sent (a `SET LOCAL` the storage sent first is run as it is)."""
+    found = []
+    with conn.transaction(force_rollback=True):
+        for query, params in sent:
+            if query.lstrip().upper().startswith("SET LOCAL"):
+                conn.execute(query)  # type: ignore[arg-type]
+                continue
+            found.append(_explain_one(conn, table, query, params))
+    return found
+
+
+def _explain_one(
     conn: psycopg.Connection[Any], table: str, query: str, params: list[Any]
 ) -> dict[str, Any]:
     conn.execute("DEALLOCATE ALL")
@@ -141,17 +160,16 @@ def explain(
         if params
         else pgsql.SQL("EXECUTE q")
     )
-    with conn.transaction(force_rollback=True):
-        before = _read(conn, table)
-        ((found,),) = conn.execute(
-            pgsql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) {}").format(execute)
-        ).fetchall()
-        read = _read(conn, table) - before
+    before = _read(conn, table)
+    ((found,),) = conn.execute(
+        pgsql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) {}").format(execute)
+    ).fetchall()
+    read = _read(conn, table) - before
     plan = found[0]["Plan"]
     scans = sorted({
         f"{n['Node Type']} on {n.get('Index Name') or n.get('Relation Name')}"
         for n in _nodes(plan) if "Scan" in n["Node Type"] and "Function" not in n["Node Type"]
-        and "CTE" not in n["Node Type"]
+        and "CTE" not in n["Node Type"] and n["Node Type"] not in _NOT_READS
     })  # fmt: skip
     return {"rows_read": read, "rows": plan["Actual Rows"], "scans": scans,
             "seq_scan": any(n["Node Type"] == "Seq Scan" for n in _nodes(plan)),
@@ -170,7 +188,7 @@ async def measure(url: str, table: str, live: int, done: int, state: str) -> dic
                     started = time.perf_counter()
                     await search(ops)
                     times.append(time.perf_counter() - started)
-                statements = [explain(conn, table, q, p) for q, p in sent]
+                statements = explain(conn, table, sent)
                 found[name] = {
                     "median_ms": round(statistics.median(times) * 1000, 2),
                     "statements": len(statements),

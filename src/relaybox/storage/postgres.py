@@ -214,6 +214,7 @@ class PostgresStorage(SqlStorage):
     _COUNTED = frozenset({"abandon_owned", "abandon"})
     _ONE_STATEMENT_CHANGES = True
     _KEY_TARGETS = True
+    _SEARCH_SCOPE = "search_scope"
     dialect = "postgresql"
     label = "PostgreSQL"
 

@@ -261,6 +261,10 @@ class SqlStorage(abc.ABC):
         """A time or a uuid as this dialect's queries take it (PostgreSQL: as is)."""
         return value
 
+    #: A named query run first in a search's own transaction (PostgreSQL: the planner
+    #: settings that keep it an index walk that stops at its page).
+    _SEARCH_SCOPE: ClassVar[str | None] = None
+
     #: Whether a search of a key without a target first lists the key's targets (a
     #: loose scan of the key indexes) and walks each one's key index.
     _KEY_TARGETS: ClassVar[bool] = False
@@ -591,13 +595,21 @@ class SqlStorage(abc.ABC):
         keyed = where.target is not None and where.key is not None
         name = ("search_key" if keyed else "search") + ("_desc" if newest_first else "_asc")
         states = ",".join(sorted(where.states)) or None
-        rows = await self._fetch(
+        args = (
             name, where.wants_live, where.wants_finished, states, where.target, where.topic,
             where.key, where.type, None if where.id is None else self._value(where.id),
             where.correlation_id, where.causation_id, where.tenant_id, where.aggregate_id,
             *bounds, self._time(where.since), self._time(where.until), limit,
             self._value(HELD_UNTIL),
         )  # fmt: skip
+        scope = self._SEARCH_SCOPE
+
+        async def run(session: Session) -> list[Sequence[Any]]:
+            if scope is not None:
+                await session.execute(scope)
+            return await session.fetch(*args)
+
+        rows = await self._run(run, atomic=scope is not None)
         return [decode_summary(row) for row in rows]
 
     async def message(self, seq: int) -> MessageDetail | None:

@@ -820,3 +820,10 @@ WHERE t.target IS NOT NULL
   AND (EXISTS (SELECT 1 FROM {table} o WHERE o.target = t.target AND o.key = $1::text)
        OR EXISTS (SELECT 1 FROM {table}_done d WHERE d.target = t.target AND d.key = $1::text))
 ORDER BY t.target;
+
+-- name: search_scope
+-- First in a search's transaction: a bitmap scan reads every row its index condition
+-- admits before the LIMIT can stop it, and the planner picks one for a filter it knows
+-- nothing of (a never-analyzed table). Without it, a search walks an index in seq order
+-- and stops at its page.
+SET LOCAL enable_bitmapscan = off;
