@@ -56,8 +56,9 @@ class Tally:
 
 
 class ActivityLog:
-    """Logs failed activity writes: the first, then at most one per `every` seconds
-    (saying how many failed meanwhile), and once when writes succeed again."""
+    """Logs failed writes and purges of the activity: the first, then at most one per
+    `every` seconds (saying how many failed meanwhile), and once when writes succeed
+    again."""
 
     def __init__(self, every: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.every = every
@@ -65,16 +66,17 @@ class ActivityLog:
         self._failures = 0
         self._logged_at: float | None = None
 
-    def failed(self, error: BaseException) -> None:
+    def failed(self, doing: str, error: BaseException) -> None:
+        """`doing` ("writing", "purging") the relay's activity raised `error`."""
         self._failures += 1
         now = self._clock()
         if self._logged_at is not None and now - self._logged_at < self.every:
             return
         self._logged_at = now
         logger.warning(
-            "writing the relay's activity failed (%d time(s) since it last worked): %s; "
-            "the relay goes on, and the next write adds these counts",
-            self._failures, error, extra={"action": "activity_error"},
+            "%s the relay's activity failed (%d failure(s) since writing it last worked): "
+            "%s; the relay goes on, and the next write adds the counts not written",
+            doing, self._failures, error, extra={"action": "activity_error"},
         )  # fmt: skip
 
     def succeeded(self) -> None:

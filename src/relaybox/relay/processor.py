@@ -417,8 +417,7 @@ class Processor(abc.ABC, Generic[P]):
                 older_than=settings.activity_retention, batch_size=settings.cleanup_batch
             )
         except RelayboxError as error:
-            logger.warning("purging the relay's activity failed: %s", error,
-                           extra={"action": "cleanup"})  # fmt: skip
+            self._activity_log.failed("purging", error)
 
     # -- the relay's activity, for the operator's console -----------------------------
 
@@ -446,7 +445,7 @@ class Processor(abc.ABC, Generic[P]):
                 tallies[each.target].give_back(each)
             if not isinstance(error, RelayboxError):
                 raise
-            self._activity_log.failed(error)
+            self._activity_log.failed("writing", error)
         else:
             self._activity_log.succeeded()
 
