@@ -9,6 +9,7 @@ import datetime
 
 from relaybox.core.activity import NO_LAG, Lag, TargetActivity
 from relaybox.core.circuit import CircuitState
+from relaybox.operations import watch
 from tests.conformance.conftest import Backend
 
 CLOSED, OPEN = CircuitState.CLOSED, CircuitState.OPEN
@@ -100,3 +101,30 @@ async def test_the_purge_deletes_only_rows_past_the_retention_in_batches(
     assert await storage.purge_activity(older_than=-120, batch_size=1) == 4
     assert await storage.activity(since=hour_ago()) == []
     assert await storage.relay_statuses() == []
+
+
+async def test_the_console_gets_a_point_for_every_minute_of_the_window(
+    backend: Backend,
+) -> None:
+    storage = backend.storage
+    await storage.record_activity("w1", [counts("a", 3, lag=Lag(3.0, 2.0, 2))])
+    await storage.record_activity("w1", [counts("b", circuit=OPEN, error="refused")])
+    now = datetime.datetime.now(datetime.UTC)
+    (series,) = await watch.outbox_activity(storage, now - datetime.timedelta(minutes=10))
+    assert series.target == "a"  # a target without activity has no series
+    minutes = [p.minute for p in series.points]
+    assert minutes == [minutes[0] + datetime.timedelta(minutes=n) for n in range(len(minutes))]
+    assert minutes[0] == (now - datetime.timedelta(minutes=10)).replace(second=0, microsecond=0)
+    assert len(minutes) in (11, 12)  # 12 if the window's end crossed a minute
+    assert sum(p.published for p in series.points) == 3
+    (shown,) = watch.target_series_json([series]).values()
+    active = [p for p in shown if p["published"]]
+    assert [(p["lag_avg_seconds"], p["lag_max_seconds"]) for p in active] == [(1.5, 2.0)]
+    assert {(p["published"], p["lag_max_seconds"]) for p in shown if p not in active} == {(0, None)}
+    statuses = await watch.relay_statuses(storage)
+    assert [
+        (s["target"], s["circuit"], s["last_error"]) for s in watch.statuses_json(statuses)
+    ] == [
+        ("a", "closed", None),
+        ("b", "open", "refused"),
+    ]

@@ -19,6 +19,7 @@ from relaybox import sql
 from relaybox.core.activity import InboxActivityPoint
 from relaybox.core.incoming import Incoming
 from relaybox.inbox.activity import read_activity
+from relaybox.operations import watch
 from tests.inbox.support import DIALECTS, InboxWorld, incoming
 
 
@@ -119,3 +120,25 @@ async def test_a_failed_write_keeps_its_counts_for_the_next_and_is_logged_once(
         world.run(statement)
     assert await consumer.record_activity()
     assert totals(await points(world)) == (2, 0, 0, 0)
+
+
+async def test_the_console_gets_a_point_for_every_minute_per_consumer(
+    world: InboxWorld,
+) -> None:
+    consumer = world.consumer()
+    await consumer.process(created("m1", 2))
+    await consumer.process(created("m1", 2))
+    assert await consumer.record_activity()
+    since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
+    async with world.transaction() as connection:
+        (series,) = await watch.inbox_activity(connection, since, table=world.table)
+        assert await watch.inbox_activity(connection, since, table=world.table,
+                                          consumer="other") == []  # fmt: skip
+    assert series.consumer == "test"
+    assert len(series.points) in (6, 7)  # 7 if the window's end crossed a minute
+    (shown,) = watch.consumer_series_json([series]).values()
+    assert sum(p["applied"] for p in shown) == 1
+    assert sum(p["duplicate"] for p in shown) == 1
+    (active,) = [p for p in shown if p["applied"]]
+    assert active["lag_avg_seconds"] == active["lag_max_seconds"]
+    assert 1.5 <= active["lag_max_seconds"] < 60
