@@ -46,14 +46,16 @@ async def published_by_target(db: OutboxDB) -> dict[str, int]:
     return found
 
 
+@pytest.mark.parametrize("partition_leases", [True, False])
 async def test_after_a_stop_the_activity_holds_every_published_message_and_a_status(
-    db: OutboxDB,
+    db: OutboxDB, partition_leases: bool
 ) -> None:
     await db.write(messages(["a", "b", None], per_key=4, targets=["default", "audit"]))
     default, audit = MemoryPublisher(), MemoryPublisher()
     # Only the write on stop falls within the test: an hour between the others.
+    settings = fast_settings(activity_interval=3600.0, partition_leases=partition_leases)
     relay = Relay(db.database, {"default": default, "audit": audit}, table=db.table,
-                  settings=fast_settings(activity_interval=3600.0), worker="relay-1")  # fmt: skip
+                  settings=settings, worker="relay-1")  # fmt: skip
     async with relay:
         await eventually(lambda: len(default.published) == 12 and len(audit.published) == 12)
         assert await db.storage.activity(since=hour_ago()) == []
