@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from relaybox import sql
+from relaybox.consumers.base import BrokerConsumer
 from relaybox.core.activity import InboxActivityPoint
 from relaybox.core.incoming import Incoming
 from relaybox.inbox.activity import read_activity
@@ -142,3 +143,20 @@ async def test_the_console_gets_a_point_for_every_minute_per_consumer(
     (active,) = [p for p in shown if p["applied"]]
     assert active["lag_avg_seconds"] == active["lag_max_seconds"]
     assert 1.5 <= active["lag_max_seconds"] < 60
+
+
+class OneDelivery(BrokerConsumer):
+    """A broker that delivers one message, then nothing more until stopped."""
+
+    async def consume(self) -> None:
+        await self.handle(lambda: incoming("m1"))
+        self.ready()
+        await asyncio.Event().wait()
+
+
+async def test_a_broker_consumer_writes_the_activity_when_it_stops(world: InboxWorld) -> None:
+    consumer = world.consumer()
+    consumer.activity_interval = 3600.0  # only the write on stop falls within the test
+    async with OneDelivery(consumer):
+        assert await points(world) == []
+    assert totals(await points(world)) == (1, 0, 0, 0)
