@@ -19,7 +19,7 @@ MYSQL_URL = os.environ.get("RELAYBOX_TEST_MYSQL", "mysql://root@127.0.0.1:3306/t
 #: Tables the migrations create beside the outbox table, by suffix.
 SIDE_TABLES = (
     "_migrations", "_key_locks", "_members", "_partitions", "_watermarks", "_done", "_parked",
-    "_attempts", "_audit", "_backfills",
+    "_attempts", "_audit", "_backfills", "_activity", "_relay_status",
 )  # fmt: skip
 
 

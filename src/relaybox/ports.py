@@ -3,17 +3,26 @@
 Storage is split by job, so that each user of a table sees only what it needs: a relay
 that holds partition leases (`PartitionStorage`), a relay that leases each row
 (`RowLeaseStorage`), an operator (`OperatorStorage`), and tools that write rows of their
-own (`TableWriter`), and the operator's console (`InspectionStorage`). Every backend
-serves all five, and one conformance suite
+own (`TableWriter`), the operator's console (`InspectionStorage`), and the relays'
+activity the console charts (`ActivityStorage`). Every backend serves all six, and one
+conformance suite
 (tests/conformance) holds every backend, the in-memory one included, to them. The relay
 engine never imports a database driver.
 """
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Collection, Sequence
 from typing import Protocol, runtime_checkable
 
+from relaybox.core.activity import (
+    ACTIVITY_RETENTION,
+    STATUS_LIVE_SECONDS,
+    ActivityPoint,
+    RelayStatus,
+    TargetActivity,
+)
 from relaybox.core.inspection import (
     AuditRecord,
     BackfillJob,
@@ -268,6 +277,33 @@ class InspectionStorage(Storage, Protocol):
         mark it finished), then insert `rows`. False, with nothing written, when the
         cursor is already there or past it (another run of the same backfill copied
         these) or the backfill is finished."""
+
+
+@runtime_checkable
+class ActivityStorage(Storage, Protocol):
+    """The relays' activity per target and minute, and each relay's circuit state per
+    target: written by every relay's housekeeping, read by the operator's console from a
+    process of its own. Minutes and times are the database's clock."""
+
+    async def record_activity(self, worker: str, activity: Sequence[TargetActivity]) -> None:
+        """For each target: add its counts to the row of (target, the current minute,
+        `worker`), and set `worker`'s status row of the target (circuit state, last
+        error, updated now). One transaction."""
+
+    async def activity(self, *, since: datetime.datetime) -> list[ActivityPoint]:
+        """Per target and minute, from the minute that holds `since` on, the counts
+        summed over the relays, ordered by target and minute. Minutes nothing was
+        written in are absent."""
+
+    async def relay_statuses(self, *, within: float = STATUS_LIVE_SECONDS) -> list[RelayStatus]:
+        """The status rows written within the last `within` seconds (the live relays'),
+        ordered by target and worker."""
+
+    async def purge_activity(
+        self, *, older_than: float = ACTIVITY_RETENTION, batch_size: int = 500
+    ) -> int:
+        """Delete activity rows of minutes that ended more than `older_than` seconds
+        ago, and status rows not written for as long, in batches of `batch_size`."""
 
 
 @runtime_checkable

@@ -180,6 +180,12 @@ _CIRCUIT = _DEFAULTS.circuit
 @click.option("--cleanup-interval", default=_DEFAULTS.cleanup_interval, show_default=True)
 @click.option("--shutdown-timeout", default=_DEFAULTS.shutdown_timeout, show_default=True)
 @click.option(
+    "--activity-interval",
+    default=_DEFAULTS.activity_interval,
+    show_default=True,
+    help="Seconds between writes of the relay's activity for the console; 0: none.",
+)
+@click.option(
     "--http",
     default=None,
     envvar="RELAYBOX_HTTP",
@@ -197,7 +203,8 @@ def relay(
     idle_interval: float, fast_poll_window: float, fast_poll_interval: float,
     max_claim_bytes: int,
     published_retention: float, abandoned_retention: float, hold_keys: bool,
-    cleanup_interval: float, shutdown_timeout: float, http: str | None,
+    cleanup_interval: float, shutdown_timeout: float, activity_interval: float,
+    http: str | None,
     max_seconds: float | None, log_level: str,
 ) -> None:  # fmt: skip
     """Deliver committed outbox messages to brokers until SIGTERM or SIGINT.
@@ -227,6 +234,7 @@ def relay(
             published_retention=published_retention, abandoned_retention=abandoned_retention,
             cleanup_interval=cleanup_interval, shutdown_timeout=shutdown_timeout,
             hold_keys=hold_keys,
+            activity_interval=activity_interval or None,
         )  # fmt: skip
         address = None if http is None else parse_address(http)  # fails before anything starts
         if db_files and from_environment("databases"):

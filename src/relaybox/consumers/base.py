@@ -69,6 +69,8 @@ class SharedSettings:
 DEFAULTS = SharedSettings()
 #: The longest wait between reconnect attempts while a broker stays unreachable.
 MAX_RECONNECT_WAIT = 10.0
+#: Seconds a stopping consumer gives its last write of the activity.
+ACTIVITY_GRACE = 2.0
 
 
 def check_positive(**settings: float) -> None:
@@ -137,7 +139,8 @@ class BrokerConsumer(abc.ABC):
         self._task: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
-        """Consume until cancelled, applying requested replays beside."""
+        """Consume until cancelled, applying requested replays and writing the
+        activity beside; the activity is written once more on the way out."""
         replays = asyncio.create_task(self.consumer.maintain(), name="relaybox-replays")
         try:
             await self.consume()
@@ -145,6 +148,8 @@ class BrokerConsumer(abc.ABC):
             replays.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await replays
+            if self.consumer.activity_interval is not None:
+                await close_within(self.consumer.record_activity(), ACTIVITY_GRACE)
 
     @abc.abstractmethod
     async def consume(self) -> None:

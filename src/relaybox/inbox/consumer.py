@@ -29,6 +29,11 @@ too, then.
 A handler can write the next messages of a chain into the outbox through the same
 connection (`Outbox.add(conn, message.follow_up(...))`): they commit, or not, with the
 effects and the inbox record.
+
+How many messages were applied, duplicates and parked, and how long each applied
+message took from its creation to its commit, are added per minute to
+`<inbox>_activity` for the operator's console (`relaybox.inbox.activity`), every
+`activity_interval` seconds by `maintain`, and once more when a broker consumer stops.
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ from typing import Any, Literal, TypeVar
 from relaybox.core.incoming import Incoming
 from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError, EnvelopeError, InboxError
-from relaybox.inbox import parked
+from relaybox.inbox import activity, parked
+from relaybox.inbox.activity import InboxTally
 from relaybox.inbox.inbox import Inbox
 from relaybox.inbox.parked import ParkedMessage, Reason
 from relaybox.inbox.payloads import Decoder, decoder
@@ -74,6 +80,10 @@ DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_REPLAY_INTERVAL = 5.0
 #: Requested replays read per query.
 REPLAY_BATCH = 100
+#: Seconds between two writes of the consumer's activity (`relaybox.inbox.activity`).
+DEFAULT_ACTIVITY_INTERVAL = 10.0
+#: Seconds between two warnings that writing the activity failed.
+ACTIVITY_WARNING_INTERVAL = 300.0
 
 
 class Processed(enum.Enum):
@@ -136,6 +146,7 @@ class Consumer:
         retry_in_place: bool | None = None,
         retry_delay: float = 0.1,
         max_retry_delay: float = 30.0,
+        activity_interval: float | None = DEFAULT_ACTIVITY_INTERVAL,
     ) -> None:
         if not callable(transaction) or (handler is not None and not callable(handler)):
             raise ConfigurationError("Consumer needs a callable handler and transaction")
@@ -147,6 +158,10 @@ class Consumer:
             )
         if replay_interval is not None and not replay_interval > 0:
             raise ConfigurationError(f"replay_interval={replay_interval!r}: must be above zero")
+        if activity_interval is not None and not activity_interval > 0:
+            raise ConfigurationError(
+                f"activity_interval={activity_interval!r}: must be above zero (None: off)"
+            )
         self.inbox = inbox
         self.transaction = transaction
         self.unknown_types: UnknownTypes = unknown_types
@@ -172,6 +187,11 @@ class Consumer:
         self.parked = 0
         self.skipped = 0
         self.replayed = 0
+        self.activity_interval = activity_interval
+        #: Counts not written to the activity table yet.
+        self._tally = InboxTally()
+        #: time.monotonic() of the last warning that the activity could not be written.
+        self._activity_warned: float | None = None
 
     def handler(
         self, type_name: str, *, payload: type[Any] | None = None
@@ -273,6 +293,7 @@ class Consumer:
                 await asyncio.sleep(delay)
         if outcome is Processed.APPLIED:
             self.applied += 1
+            self._tally.applied_one(message.time, time.time())
         else:
             self._duplicate(message)
         await self._maybe_purge()
@@ -309,6 +330,7 @@ class Consumer:
 
     def _duplicate(self, message: Incoming) -> None:
         self.duplicates += 1
+        self._tally.duplicate += 1
         logger.info(
             "duplicate %s skipped", message.id,
             extra={"action": "inbox_duplicate", "message_id": message.id,
@@ -366,6 +388,7 @@ class Consumer:
             self._duplicate(message)
             return outcome
         self.parked += 1
+        self._tally.parked += 1
         logger.error(
             "parked %s (type %r, %s after %d attempts): %s",
             message.id, message.type, reason, attempts, error,
@@ -434,8 +457,12 @@ class Consumer:
         return 0
 
     async def maintain(self) -> None:
-        """Apply requested replays every `replay_interval` seconds, until cancelled. The
-        broker consumers run this beside their deliveries."""
+        """Apply requested replays every `replay_interval` seconds and write the
+        activity every `activity_interval` seconds, until cancelled. The broker
+        consumers run this beside their deliveries."""
+        await asyncio.gather(self._replays(), self._activity())
+
+    async def _replays(self) -> None:
         if self.replay_interval is None:
             return
         while True:
@@ -445,6 +472,45 @@ class Consumer:
                 logger.exception("looking for parked messages to replay failed",
                                  extra={"action": "replay_sweep_failed"})  # fmt: skip
             await asyncio.sleep(self.replay_interval)
+
+    # -- activity, for the operator's console -----------------------------------------
+
+    async def _activity(self) -> None:
+        if self.activity_interval is None:
+            return
+        while True:
+            await asyncio.sleep(self.activity_interval)
+            await self.record_activity()
+
+    async def record_activity(self) -> bool:
+        """Add the counts since the last write to this consumer's row of the current
+        minute, in a short transaction of its own; False if that failed (logged now and
+        then; the counts go to the next write). Nothing to add: nothing written."""
+        taken = self._tally.take()
+        if not taken.counted:
+            return True
+        consumer = self.inbox.consumer
+        try:
+            await self._in_transaction(lambda work: activity.record(work, consumer, taken))
+        except BaseException as error:
+            self._tally.add(taken)
+            if not isinstance(error, Exception):
+                raise
+            self._activity_failed(error)
+            return False
+        self._activity_warned = None
+        return True
+
+    def _activity_failed(self, error: Exception) -> None:
+        now = time.monotonic()
+        warned = self._activity_warned
+        if warned is not None and now - warned < ACTIVITY_WARNING_INTERVAL:
+            return
+        self._activity_warned = now
+        logger.warning(
+            "writing the consumer's activity failed: %s; it is tried again with the "
+            "counts kept", error, extra={"action": "inbox_activity_error"},
+        )  # fmt: skip
 
     # -- retention --------------------------------------------------------------------
 
@@ -459,6 +525,12 @@ class Consumer:
             await self.purge()
         except Exception:  # a failed purge costs disk, never a message
             logger.exception("inbox purge failed", extra={"action": "inbox_purge"})
+        if self.activity_interval is None:
+            return
+        try:
+            await self.purge_activity()
+        except Exception as error:  # noqa: BLE001 - as above; logged as the writes are
+            self._activity_failed(error)
 
     async def purge(self) -> int:
         """Delete every id, and every attempt count, past the inbox's retention, a batch
@@ -477,6 +549,17 @@ class Consumer:
         if work.dialect == "sqlite":  # `?` cannot repeat a parameter
             params = (inbox.consumer, *params)
         return ids, await work.execute("purge_attempts", *params)
+
+    async def purge_activity(self) -> int:
+        """Delete the activity rows past their retention (every consumer's), a batch
+        per transaction; how many. Apart from the purge of ids, so that an inbox whose
+        activity table is missing still purges its ids."""
+        batch, total = self.inbox.purge_batch, 0
+        while True:
+            deleted = await self._in_transaction(lambda work: activity.purge(work, batch))
+            total += deleted
+            if deleted < batch:
+                return total
 
     # -- transactions -----------------------------------------------------------------
 

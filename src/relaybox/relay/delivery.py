@@ -44,6 +44,7 @@ from relaybox.core.retry import RetryPolicy
 from relaybox.core.signals import TargetCounters
 from relaybox.core.urls import mask_url
 from relaybox.ports import Publisher
+from relaybox.relay.activity import Tally
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,8 @@ class Delivery:
         self._rng = rng or random.Random()
         #: Per target, what came of its messages (read by `Relay.target_counters`).
         self.counters = {target: TargetCounters() for target in publishers}
+        #: Per target, what came of its messages since the activity was last written.
+        self.tallies = {target: Tally() for target in publishers}
 
     async def run(
         self,
@@ -146,7 +149,9 @@ class Delivery:
         # A broker's or receiver's words are stored and shown to operators: any URL in
         # them leaves without its secrets.
         error = mask_url(result.error or result.outcome.value)
-        counters = self.counters[message.target]
+        counters, tally = self.counters[message.target], self.tallies[message.target]
+        if result is not _OPEN:  # the circuit's own pause is no error of the broker's
+            tally.failure(error)
         if result.outcome is Outcome.PERMANENT:
             return self._give_up(message, error, out)
         if result.unavailable or result.timed_out:  # down, paused or silent: no verdict
@@ -157,6 +162,7 @@ class Delivery:
         if self._retry.exhausted(failures):
             return self._give_up(message, error, out)
         counters.retried += 1
+        tally.failed += 1
         out.failed.append(Failure(message.seq, error, self._retry.delay(failures, self._rng)))
         return False
 
@@ -165,6 +171,7 @@ class Delivery:
         of its chain may go on: abandoned is final, the key's next message may follow
         it, where a held one keeps it waiting."""
         self.counters[message.target].abandoned += 1
+        self.tallies[message.target].abandoned += 1
         out.abandoned.append(Failure(message.seq, error))
         return not (self._hold_keys and message.key is not None)
 
@@ -261,8 +268,11 @@ class Delivery:
         if acked:
             counters.acked += acked
             # The writer's clock, which may be ahead of ours: never a negative lag.
-            lag = time.time() - batch[0].occurred_at.timestamp()
-            counters.lag_seconds.observe(max(0.0, lag))
+            lag = max(0.0, time.time() - batch[0].occurred_at.timestamp())
+            counters.lag_seconds.observe(lag)
+            tally = self.tallies[target]
+            tally.published += acked
+            tally.lag = tally.lag.observed(lag)
         return acked
 
 

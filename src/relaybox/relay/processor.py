@@ -14,7 +14,8 @@ There are two ways to hold rows while they are published, one subclass each:
   and each row is leased on its own under a token.
 
 What both share lives here: the claim loop and its pacing, the launch of each batch,
-the purge of finished rows, reading the table's counts, and stopping.
+the purge of finished rows, writing the relay's activity for the operator's console
+(relay/activity.py), reading the table's counts, and stopping.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from relaybox.core.circuit import CircuitBreaker, CircuitState
 from relaybox.core.records import Claim, OutboxStats
 from relaybox.core.signals import StatsSample, TargetCounters
 from relaybox.errors import RelayboxError
-from relaybox.ports import OperatorStorage, Publisher, Storage
+from relaybox.ports import ActivityStorage, OperatorStorage, Publisher, Storage
+from relaybox.relay.activity import ActivityLog
 from relaybox.relay.delivery import Delivery
 from relaybox.relay.pacing import ClaimPacing
 from relaybox.relay.settings import RelaySettings
@@ -130,6 +132,11 @@ class Processor(abc.ABC, Generic[P]):
         #: Rows waiting per target that no live relay of the table serves, as last
         #: counted (a relay holding partitions finds them; see `_counted`).
         self.unserved: dict[str, int] = {}
+        #: Where the activity is written: the housekeeping connection, if its storage
+        #: keeps activity.
+        upkeep = connections.upkeep
+        self._activity_store = upkeep if isinstance(upkeep, ActivityStorage) else None
+        self._activity_log = ActivityLog()
 
     # -- what each way of holding rows supplies ---------------------------------------
 
@@ -166,6 +173,8 @@ class Processor(abc.ABC, Generic[P]):
         self._tasks = [asyncio.create_task(self._claim_loop(), name=f"relay-claims-{self.name}")]
         self._tasks.extend(self._tasks_of_mode())
         self._tasks.append(asyncio.create_task(self._cleanup_loop()))
+        if self._activity_store is not None and self._settings.activity_interval is not None:
+            self._tasks.append(asyncio.create_task(self._activity_loop()))
         if self._stats_every:
             self._tasks.append(asyncio.create_task(self._stats_loop()))
 
@@ -222,6 +231,7 @@ class Processor(abc.ABC, Generic[P]):
         for task in running:
             task.cancel()
         await _end(running, STOP_GRACE)
+        await self._last_activity()
         try:
             async with asyncio.timeout(STOP_GRACE):
                 await self._left()
@@ -398,6 +408,60 @@ class Processor(abc.ABC, Generic[P]):
                 )
             except RelayboxError as error:
                 logger.warning("cleanup failed: %s", error, extra={"action": "cleanup"})
+            await self._purge_activity()
+
+    async def _purge_activity(self) -> None:
+        """Delete activity and status rows past their retention, in small batches."""
+        store, settings = self._activity_store, self._settings
+        if store is None or settings.activity_interval is None:
+            return
+        try:
+            await store.purge_activity(
+                older_than=settings.activity_retention, batch_size=settings.cleanup_batch
+            )
+        except RelayboxError as error:
+            self._activity_log.failed("purging", error)
+
+    # -- the relay's activity, for the operator's console -----------------------------
+
+    async def _activity_loop(self) -> None:
+        every = self._settings.activity_interval or 0.0
+        while not self._stopping.is_set():
+            await self._sleep(every)
+            if self._stopping.is_set():
+                return
+            await self.record_activity()
+
+    async def record_activity(self) -> None:
+        """Write what each target's deliveries came to since the last write, with its
+        circuit state and last error. A failure is logged (now and then) and the counts
+        go to the next write."""
+        store = self._activity_store
+        if store is None:
+            return
+        tallies = self._delivery.tallies
+        taken = [tallies[t].take(t, self._circuits[t].state) for t in self._targets]
+        try:
+            await store.record_activity(self.worker, taken)
+        except BaseException as error:
+            for each in taken:
+                tallies[each.target].give_back(each)
+            if not isinstance(error, RelayboxError):
+                raise
+            self._activity_log.failed("writing", error)
+        else:
+            self._activity_log.succeeded()
+
+    async def _last_activity(self) -> None:
+        """On stop: write what the last batches came to, within STOP_GRACE."""
+        if self._settings.activity_interval is None:
+            return
+        try:
+            async with asyncio.timeout(STOP_GRACE):
+                await self.record_activity()
+        except TimeoutError:
+            logger.warning("gave up writing the relay's activity after %g s", STOP_GRACE,
+                           extra={"action": "stop"})  # fmt: skip
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

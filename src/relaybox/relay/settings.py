@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from relaybox.core.activity import ACTIVITY_RETENTION
 from relaybox.core.circuit import CircuitPolicy
 from relaybox.core.partitions import DEFAULT_PARTITIONS, require_partitions
 from relaybox.core.retry import RetryPolicy
@@ -65,6 +66,13 @@ class RelaySettings:
     #: or discards it. Off: it is abandoned and they go on. Keyless messages are
     #: abandoned either way.
     hold_keys: bool = False
+    #: Seconds between writes of the relay's activity per target (counts per minute,
+    #: delivery lag, circuit state and last error) to the table's `_activity` and
+    #: `_relay_status` tables, which the operator's console reads; one more write on
+    #: stop. None: not written.
+    activity_interval: float | None = 10.0
+    #: Activity and status rows older than this are deleted by the cleanup.
+    activity_retention: float = ACTIVITY_RETENTION
 
     def __post_init__(self) -> None:
         if min(self.batch_size, self.max_in_flight, self.cleanup_batch, self.max_claim_bytes) < 1:
@@ -82,6 +90,10 @@ class RelaySettings:
             )
         if self.published_retention < 0 or self.abandoned_retention < 0:
             raise ConfigurationError("retention windows cannot be negative")
+        if self.activity_interval is not None and not self.activity_interval > 0:
+            raise ConfigurationError("activity_interval must be positive (None: off)")
+        if not self.activity_retention > 0:
+            raise ConfigurationError("activity_retention must be positive")
         require_partitions(self.partitions)
 
     @property

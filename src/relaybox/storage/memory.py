@@ -23,6 +23,17 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Sequence
 
+from relaybox.core.activity import (
+    ACTIVITY_RETENTION,
+    NO_LAG,
+    STATUS_LIVE_SECONDS,
+    ActivityPoint,
+    Lag,
+    RelayStatus,
+    TargetActivity,
+    minute_of,
+    minute_start,
+)
 from relaybox.core.identifiers import DEFAULT_TABLE, validate_table_name
 from relaybox.core.inspection import (
     HELD_UNTIL,
@@ -173,6 +184,10 @@ class MemoryStorage:
         self._audit: list[AuditRecord] = []
         self._backfills: dict[str, BackfillJob] = {}
         self._audit_ids = itertools.count(1)
+        #: (target, minute, worker) -> counts, as the activity table holds them.
+        self._activity: dict[tuple[str, int, str], _Activity] = {}
+        #: (worker, target) -> the status row, its updated_at in epoch seconds.
+        self._statuses: dict[tuple[str, str], tuple[TargetActivity, float]] = {}
 
     def insert(self, rows: Sequence[InsertRow]) -> list[int]:
         """Insert rows at once (all or none) and return their seqs; usable from sync code."""
@@ -651,6 +666,53 @@ class MemoryStorage:
                 found.append(RelayMember(worker, target, joined, _utc(until), tuple(held)))
         return found
 
+    async def record_activity(self, worker: str, activity: Sequence[TargetActivity]) -> None:
+        with self._lock:
+            now = self._clock()
+            minute = int(now // 60)
+            for each in activity:
+                if each.counted:
+                    key = (each.target, minute, worker)
+                    self._activity[key] = self._activity.get(key, _Activity()).added(each)
+                self._statuses[worker, each.target] = (each, now)
+
+    async def activity(self, *, since: datetime.datetime) -> list[ActivityPoint]:
+        first = minute_of(since)
+        sums: dict[tuple[str, int], _Activity] = {}
+        with self._lock:
+            for (target, minute, _), counts in self._activity.items():
+                if minute >= first:
+                    sums[target, minute] = sums.get((target, minute), _Activity()).merged(counts)
+        return [
+            ActivityPoint(target, minute_start(minute), c.published, c.failed, c.abandoned, c.lag)
+            for (target, minute), c in sorted(sums.items())
+        ]
+
+    async def relay_statuses(self, *, within: float = STATUS_LIVE_SECONDS) -> list[RelayStatus]:
+        with self._lock:
+            since = self._clock() - float(within)
+            found = [
+                RelayStatus(worker, target, each.circuit, each.last_error, _utc(at))
+                for (worker, target), (each, at) in self._statuses.items()
+                if at >= since
+            ]
+        return sorted(found, key=lambda status: (status.target, status.worker))
+
+    async def purge_activity(
+        self, *, older_than: float = ACTIVITY_RETENTION, batch_size: int = 500
+    ) -> int:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        with self._lock:
+            cutoff = self._clock() - float(older_than)
+            old = [key for key in self._activity if key[1] < cutoff // 60]
+            stale = [key for key, (_, at) in self._statuses.items() if at < cutoff]
+            for key in old:
+                del self._activity[key]
+            for worker_target in stale:
+                del self._statuses[worker_target]
+        return len(old) + len(stale)
+
     async def heartbeat(
         self,
         worker: str,
@@ -700,6 +762,24 @@ class MemoryStorage:
 
     async def close(self) -> None:
         """Nothing to release; the rows stay, as a database outlives its connections."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Activity:
+    """One row of the activity table: counts and lags."""
+
+    published: int = 0
+    failed: int = 0
+    abandoned: int = 0
+    lag: Lag = NO_LAG
+
+    def added(self, each: TargetActivity) -> _Activity:
+        return _Activity(self.published + each.published, self.failed + each.failed,
+                         self.abandoned + each.abandoned, self.lag.merged(each.lag))  # fmt: skip
+
+    def merged(self, other: _Activity) -> _Activity:
+        return _Activity(self.published + other.published, self.failed + other.failed,
+                         self.abandoned + other.abandoned, self.lag.merged(other.lag))  # fmt: skip
 
 
 #: The live states a delay, an expedite or a hold applies to.

@@ -35,6 +35,17 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from relaybox import sql
+from relaybox.core.activity import (
+    ACTIVITY_RETENTION,
+    STATUS_LIVE_SECONDS,
+    ActivityPoint,
+    Lag,
+    RelayStatus,
+    TargetActivity,
+    minute_of,
+    minute_start,
+)
+from relaybox.core.circuit import CircuitState
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.inspection import (
     HELD_UNTIL,
@@ -70,6 +81,7 @@ from relaybox.errors import ConfigurationError, SchemaError, StorageError, Stora
 from relaybox.sql.inserts import inserts
 from relaybox.sql.params import moment, native_style
 from relaybox.storage.rows import (
+    as_utc,
     check_listing,
     decode_abandoned,
     decode_audit,
@@ -725,6 +737,61 @@ class SqlStorage(abc.ABC):
         if self._ONE_STATEMENT_CHANGES:
             return await self._run(one_statement)
         return await self._run(steps, atomic=True)
+
+    # -- the relays' activity, for the console -----------------------------------------
+
+    async def record_activity(self, worker: str, activity: Sequence[TargetActivity]) -> None:
+        async def record(session: Session) -> None:
+            for each in activity:
+                if each.counted:
+                    await session.execute(
+                        "activity_add", each.target, worker, each.published, each.failed,
+                        each.abandoned, each.lag.total, each.lag.largest, each.lag.count,
+                    )  # fmt: skip
+                error = None if each.last_error is None else error_text(each.last_error)
+                await session.execute(
+                    "relay_status_set", worker, each.target, each.circuit.value, error
+                )
+
+        if activity:
+            await self._run(record, atomic=True)
+
+    async def activity(self, *, since: datetime.datetime) -> list[ActivityPoint]:
+        rows = await self._fetch("activity_since", minute_of(since))
+        return [
+            ActivityPoint(
+                str(target),
+                minute_start(minute),
+                int(published),
+                int(failed),
+                int(abandoned),
+                Lag(float(total), float(largest), int(count)),
+            )
+            for target, minute, published, failed, abandoned, total, largest, count in rows
+        ]
+
+    async def relay_statuses(self, *, within: float = STATUS_LIVE_SECONDS) -> list[RelayStatus]:
+        rows = await self._fetch("relay_statuses", float(within))
+        return [
+            RelayStatus(
+                str(worker), str(target), CircuitState(circuit), last_error, as_utc(updated_at)
+            )
+            for worker, target, circuit, last_error, updated_at in rows
+        ]
+
+    async def purge_activity(
+        self, *, older_than: float = ACTIVITY_RETENTION, batch_size: int = 500
+    ) -> int:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        total = 0
+        for name in ("activity_purge", "relay_status_purge"):
+            while True:
+                deleted = await self._execute(name, float(older_than), batch_size)
+                total += deleted
+                if deleted < batch_size:
+                    break
+        return total
 
 
 def assignment(

@@ -80,7 +80,10 @@ PG_IDLE_FLUSH_SECONDS = 10.5
 PACED_WRITERS = 4
 #: Give up when the relay confirms nothing new for this long.
 STALL_SECONDS = 60.0
-SIDE_TABLES = ("migrations", "key_locks", "partitions", "members", "done", "audit", "backfills")
+SIDE_TABLES = (
+    "migrations", "key_locks", "partitions", "members", "done", "audit", "backfills",
+    "activity", "relay_status",
+)  # fmt: skip
 RAW_COLUMNS = (
     "seq, id, target, external, topic, key, partition, type, content_type, payload, "
     "headers::text, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at, "

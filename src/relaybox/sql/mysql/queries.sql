@@ -623,3 +623,50 @@ SET cursor_seq = CASE WHEN cursor_seq < $2 THEN $2 ELSE cursor_seq END,
     copied = copied + $3, updated_at = UTC_TIMESTAMP(6),
     finished_at = CASE WHEN $4 THEN UTC_TIMESTAMP(6) ELSE NULL END
 WHERE name = $1 AND finished_at IS NULL AND (cursor_seq < $2 OR ($3 = 0 AND $4));
+
+-- Activity and status, for the operator's console (schema.sql explains the tables).
+
+-- name: activity_add
+-- $1 target, $2 worker, $3 published, $4 failed, $5 abandoned, $6 lag sum, $7 lag max,
+-- $8 lag count: added to the row of the database's current minute. Not VALUES(): MySQL
+-- 8 warns that it is deprecated.
+INSERT INTO {table}_activity
+    (target, minute, worker, published, failed, abandoned, lag_sum, lag_max, lag_count)
+VALUES ($1, FLOOR(UNIX_TIMESTAMP() / 60), $2, $3, $4, $5, $6, $7, $8)
+ON DUPLICATE KEY UPDATE
+    published = published + $3, failed = failed + $4, abandoned = abandoned + $5,
+    lag_sum = lag_sum + $6, lag_max = GREATEST(lag_max, $7), lag_count = lag_count + $8;
+
+-- name: relay_status_set
+-- $1 worker, $2 target, $3 circuit state, $4 last error.
+INSERT INTO {table}_relay_status (worker, target, circuit, last_error, updated_at)
+VALUES ($1, $2, $3, $4, UTC_TIMESTAMP(6))
+ON DUPLICATE KEY UPDATE circuit = $3, last_error = $4, updated_at = UTC_TIMESTAMP(6);
+
+-- name: activity_since
+-- $1 the first minute. Per target and minute, summed over the relays.
+SELECT target, minute, CAST(SUM(published) AS SIGNED), CAST(SUM(failed) AS SIGNED),
+    CAST(SUM(abandoned) AS SIGNED), SUM(lag_sum), MAX(lag_max),
+    CAST(SUM(lag_count) AS SIGNED)
+FROM {table}_activity
+WHERE minute >= $1
+GROUP BY target, minute
+ORDER BY target, minute;
+
+-- name: relay_statuses
+-- $1 seconds: rows updated within them.
+SELECT worker, target, circuit, last_error, updated_at FROM {table}_relay_status
+WHERE updated_at >= UTC_TIMESTAMP(6) - INTERVAL ROUND($1 * 1000000) MICROSECOND
+ORDER BY target, worker;
+
+-- name: activity_purge
+-- $1 age in seconds, $2 batch size.
+DELETE FROM {table}_activity
+WHERE minute < FLOOR((UNIX_TIMESTAMP() - $1) / 60)
+ORDER BY minute LIMIT $2;
+
+-- name: relay_status_purge
+-- $1 age in seconds, $2 batch size.
+DELETE FROM {table}_relay_status
+WHERE updated_at < UTC_TIMESTAMP(6) - INTERVAL ROUND($1 * 1000000) MICROSECOND
+ORDER BY updated_at LIMIT $2;

@@ -827,3 +827,56 @@ ORDER BY t.target;
 -- nothing of (a never-analyzed table). Without it, a search walks an index in seq order
 -- and stops at its page.
 SET LOCAL enable_bitmapscan = off;
+
+-- Activity and status, for the operator's console (schema.sql explains the tables).
+
+-- name: activity_add
+-- $1 target, $2 worker, $3 published, $4 failed, $5 abandoned, $6 lag sum, $7 lag max,
+-- $8 lag count: added to the row of the database's current minute.
+INSERT INTO {table}_activity AS a
+    (target, minute, worker, published, failed, abandoned, lag_sum, lag_max, lag_count)
+VALUES ($1, floor(extract(epoch FROM now()) / 60)::bigint, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (target, minute, worker) DO UPDATE SET
+    published = a.published + EXCLUDED.published,
+    failed = a.failed + EXCLUDED.failed,
+    abandoned = a.abandoned + EXCLUDED.abandoned,
+    lag_sum = a.lag_sum + EXCLUDED.lag_sum,
+    lag_max = greatest(a.lag_max, EXCLUDED.lag_max),
+    lag_count = a.lag_count + EXCLUDED.lag_count;
+
+-- name: relay_status_set
+-- $1 worker, $2 target, $3 circuit state, $4 last error.
+INSERT INTO {table}_relay_status (worker, target, circuit, last_error, updated_at)
+VALUES ($1, $2, $3, $4, now())
+ON CONFLICT (worker, target) DO UPDATE SET
+    circuit = EXCLUDED.circuit, last_error = EXCLUDED.last_error,
+    updated_at = EXCLUDED.updated_at;
+
+-- name: activity_since
+-- $1 the first minute. Per target and minute, summed over the relays.
+SELECT target, minute, sum(published)::bigint, sum(failed)::bigint, sum(abandoned)::bigint,
+    sum(lag_sum), max(lag_max), sum(lag_count)::bigint
+FROM {table}_activity
+WHERE minute >= $1::bigint
+GROUP BY target, minute
+ORDER BY target, minute;
+
+-- name: relay_statuses
+-- $1 seconds: rows updated within them.
+SELECT worker, target, circuit, last_error, updated_at FROM {table}_relay_status
+WHERE updated_at >= now() - $1::float8 * interval '1 second'
+ORDER BY target, worker;
+
+-- name: activity_purge
+-- $1 age in seconds, $2 batch size.
+DELETE FROM {table}_activity WHERE (target, minute, worker) IN (
+    SELECT target, minute, worker FROM {table}_activity
+    WHERE minute < floor((extract(epoch FROM now()) - $1::float8) / 60)
+    ORDER BY minute LIMIT $2::integer);
+
+-- name: relay_status_purge
+-- $1 age in seconds, $2 batch size.
+DELETE FROM {table}_relay_status WHERE (worker, target) IN (
+    SELECT worker, target FROM {table}_relay_status
+    WHERE updated_at < now() - $1::float8 * interval '1 second'
+    ORDER BY updated_at LIMIT $2::integer);

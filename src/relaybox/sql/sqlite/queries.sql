@@ -671,3 +671,56 @@ SET cursor_seq = CASE WHEN cursor_seq < ?2 THEN ?2 ELSE cursor_seq END,
     copied = copied + ?3, updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
     finished_at = CASE WHEN ?4 = 1 THEN strftime('%Y-%m-%d %H:%M:%f', 'now') ELSE NULL END
 WHERE name = ?1 AND finished_at IS NULL AND (cursor_seq < ?2 OR (?3 = 0 AND ?4 = 1));
+
+-- Activity and status, for the operator's console (schema.sql explains the tables).
+
+-- name: activity_add
+-- ?1 target, ?2 worker, ?3 published, ?4 failed, ?5 abandoned, ?6 lag sum, ?7 lag max,
+-- ?8 lag count: added to the row of the current minute.
+INSERT INTO {table}_activity
+    (target, minute, worker, published, failed, abandoned, lag_sum, lag_max, lag_count)
+VALUES (?1, CAST(strftime('%s', 'now') AS INTEGER) / 60, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+ON CONFLICT (target, minute, worker) DO UPDATE SET
+    published = published + excluded.published,
+    failed = failed + excluded.failed,
+    abandoned = abandoned + excluded.abandoned,
+    lag_sum = lag_sum + excluded.lag_sum,
+    lag_max = max(lag_max, excluded.lag_max),
+    lag_count = lag_count + excluded.lag_count;
+
+-- name: relay_status_set
+-- ?1 worker, ?2 target, ?3 circuit state, ?4 last error.
+INSERT INTO {table}_relay_status (worker, target, circuit, last_error, updated_at)
+VALUES (?1, ?2, ?3, ?4, strftime('%Y-%m-%d %H:%M:%f', 'now'))
+ON CONFLICT (worker, target) DO UPDATE SET
+    circuit = excluded.circuit, last_error = excluded.last_error,
+    updated_at = excluded.updated_at;
+
+-- name: activity_since
+-- ?1 the first minute. Per target and minute, summed over the relays.
+SELECT target, minute, sum(published), sum(failed), sum(abandoned), sum(lag_sum),
+    max(lag_max), sum(lag_count)
+FROM {table}_activity
+WHERE minute >= ?1
+GROUP BY target, minute
+ORDER BY target, minute;
+
+-- name: relay_statuses
+-- ?1 seconds: rows updated within them.
+SELECT worker, target, circuit, last_error, updated_at FROM {table}_relay_status
+WHERE updated_at >= strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -?1))
+ORDER BY target, worker;
+
+-- name: activity_purge
+-- ?1 age in seconds, ?2 batch size.
+DELETE FROM {table}_activity WHERE rowid IN (
+    SELECT rowid FROM {table}_activity
+    WHERE minute < (CAST(strftime('%s', 'now') AS INTEGER) - ?1) / 60
+    ORDER BY minute LIMIT ?2);
+
+-- name: relay_status_purge
+-- ?1 age in seconds, ?2 batch size.
+DELETE FROM {table}_relay_status WHERE rowid IN (
+    SELECT rowid FROM {table}_relay_status
+    WHERE updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -?1))
+    ORDER BY updated_at LIMIT ?2);

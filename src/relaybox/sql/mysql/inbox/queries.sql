@@ -101,3 +101,29 @@ WHERE id = %s AND status = 'replay';
 UPDATE {table}_parked SET status = 'parked', reason = %s, error = %s,
     attempts = attempts + 1, changed_at = UTC_TIMESTAMP(6)
 WHERE id = %s AND status = 'replay';
+
+-- Activity per consumer and minute, for the operator's console (see the schema).
+
+-- name: activity_add
+-- consumer, applied, duplicates, parked, lag sum, lag max, lag count, then applied,
+-- duplicates, parked, lag sum, lag max, lag count again: added to the row of the
+-- database's current minute. Not VALUES(): MySQL 8 warns that it is deprecated.
+INSERT INTO {table}_activity
+    (consumer, minute, applied, duplicate, parked, lag_sum, lag_max, lag_count)
+VALUES (%s, FLOOR(UNIX_TIMESTAMP() / 60), %s, %s, %s, %s, %s, %s)
+ON DUPLICATE KEY UPDATE
+    applied = applied + %s, duplicate = duplicate + %s, parked = parked + %s,
+    lag_sum = lag_sum + %s, lag_max = GREATEST(lag_max, %s), lag_count = lag_count + %s;
+
+-- name: activity_since
+-- the first minute.
+SELECT consumer, minute, applied, duplicate, parked, lag_sum, lag_max, lag_count
+FROM {table}_activity
+WHERE minute >= %s
+ORDER BY consumer, minute;
+
+-- name: activity_purge
+-- seconds of retention, batch size.
+DELETE FROM {table}_activity
+WHERE minute < FLOOR((UNIX_TIMESTAMP() - %s) / 60)
+ORDER BY minute LIMIT %s;

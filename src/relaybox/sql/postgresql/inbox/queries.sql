@@ -95,3 +95,34 @@ WHERE id = $1 AND status = 'replay';
 UPDATE {table}_parked SET status = 'parked', reason = $1, error = $2,
     attempts = attempts + 1, changed_at = now()
 WHERE id = $3 AND status = 'replay';
+
+-- Activity per consumer and minute, for the operator's console (see the schema).
+
+-- name: activity_add
+-- consumer, applied, duplicates, parked, lag sum, lag max, lag count: added to the row
+-- of the database's current minute.
+INSERT INTO {table}_activity AS a
+    (consumer, minute, applied, duplicate, parked, lag_sum, lag_max, lag_count)
+VALUES ($1, floor(extract(epoch FROM now()) / 60)::bigint, $2::bigint, $3::bigint,
+        $4::bigint, $5::float8, $6::float8, $7::bigint)
+ON CONFLICT (consumer, minute) DO UPDATE SET
+    applied = a.applied + excluded.applied,
+    duplicate = a.duplicate + excluded.duplicate,
+    parked = a.parked + excluded.parked,
+    lag_sum = a.lag_sum + excluded.lag_sum,
+    lag_max = greatest(a.lag_max, excluded.lag_max),
+    lag_count = a.lag_count + excluded.lag_count;
+
+-- name: activity_since
+-- the first minute.
+SELECT consumer, minute, applied, duplicate, parked, lag_sum, lag_max, lag_count
+FROM {table}_activity
+WHERE minute >= $1::bigint
+ORDER BY consumer, minute;
+
+-- name: activity_purge
+-- seconds of retention, batch size.
+DELETE FROM {table}_activity WHERE (consumer, minute) IN (
+    SELECT consumer, minute FROM {table}_activity
+    WHERE minute < floor((extract(epoch FROM now()) - $1::float8) / 60)
+    ORDER BY minute LIMIT $2::integer);

@@ -99,3 +99,33 @@ WHERE id = ? AND status = 'replay';
 UPDATE {table}_parked SET status = 'parked', reason = ?, error = ?,
     attempts = attempts + 1, changed_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
 WHERE id = ? AND status = 'replay';
+
+-- Activity per consumer and minute, for the operator's console (see the schema).
+
+-- name: activity_add
+-- consumer, applied, duplicates, parked, lag sum, lag max, lag count: added to the row
+-- of the current minute.
+INSERT INTO {table}_activity
+    (consumer, minute, applied, duplicate, parked, lag_sum, lag_max, lag_count)
+VALUES (?, CAST(strftime('%s', 'now') AS INTEGER) / 60, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (consumer, minute) DO UPDATE SET
+    applied = applied + excluded.applied,
+    duplicate = duplicate + excluded.duplicate,
+    parked = parked + excluded.parked,
+    lag_sum = lag_sum + excluded.lag_sum,
+    lag_max = max(lag_max, excluded.lag_max),
+    lag_count = lag_count + excluded.lag_count;
+
+-- name: activity_since
+-- the first minute.
+SELECT consumer, minute, applied, duplicate, parked, lag_sum, lag_max, lag_count
+FROM {table}_activity
+WHERE minute >= ?
+ORDER BY consumer, minute;
+
+-- name: activity_purge
+-- seconds of retention, batch size.
+DELETE FROM {table}_activity WHERE (consumer, minute) IN (
+    SELECT consumer, minute FROM {table}_activity
+    WHERE minute < (CAST(strftime('%s', 'now') AS INTEGER) - ?) / 60
+    ORDER BY minute LIMIT ?);

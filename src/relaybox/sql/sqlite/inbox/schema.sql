@@ -48,3 +48,17 @@ CREATE TABLE IF NOT EXISTS {table}_attempts (
     updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
     PRIMARY KEY (consumer, message_id)
 ) WITHOUT ROWID;
+
+-- Consumer activity per consumer and minute (whole minutes since the Unix epoch, UTC),
+-- for the operator's console (the PostgreSQL schema explains it).
+CREATE TABLE IF NOT EXISTS {table}_activity (
+    consumer  TEXT NOT NULL,
+    minute    INTEGER NOT NULL,
+    applied   INTEGER NOT NULL DEFAULT 0,
+    duplicate INTEGER NOT NULL DEFAULT 0,
+    parked    INTEGER NOT NULL DEFAULT 0,
+    lag_sum   REAL NOT NULL DEFAULT 0,
+    lag_max   REAL NOT NULL DEFAULT 0,
+    lag_count INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (consumer, minute)
+) WITHOUT ROWID;
