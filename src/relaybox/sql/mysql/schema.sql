@@ -122,6 +122,7 @@ CREATE TABLE IF NOT EXISTS {table}_backfills (
     updated_at  DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     finished_at DATETIME(6) NULL,
     PRIMARY KEY (name)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
 -- Relay activity, for the operator's console (the PostgreSQL schema explains it):
 -- per target, minute (whole minutes since the Unix epoch, UTC) and relay process.

@@ -517,6 +517,7 @@ CREATE TABLE IF NOT EXISTS {table}_backfills (
     created_at  timestamptz NOT NULL DEFAULT now(),
     updated_at  timestamptz NOT NULL DEFAULT now(),
     finished_at timestamptz
+);
 
 -- Relay activity, for the operator's console, which reads it from another process:
 -- per target, minute and relay process (worker), what the relay's deliveries came to.

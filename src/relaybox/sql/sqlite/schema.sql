@@ -107,6 +107,7 @@ CREATE TABLE IF NOT EXISTS {table}_backfills (
     created_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
     updated_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
     finished_at TEXT
+);
 
 -- Relay activity, for the operator's console (the PostgreSQL schema explains it):
 -- per target, minute (whole minutes since the Unix epoch, UTC) and relay process.
