@@ -234,7 +234,7 @@ _ABANDONED = frozenset({MessageState.ABANDONED})
 
 
 async def test_with_keys_held_a_replayed_message_goes_out_first_and_its_key_follows_in_order(
-    db: OutboxDB, operations: Operations, browser: Browser
+    db: OutboxDB, operations: Operations, browser: Browser, tmp_path: Path
 ) -> None:
     """The hold-the-key policy: the refused message holds its key; after the replay the
     key's messages reach the broker in their written order, without a gap."""
@@ -266,6 +266,7 @@ async def test_with_keys_held_a_replayed_message_goes_out_first_and_its_key_foll
                 f"Will replay 1 message (#{held}) of key default/order-1; "
                 "already published ahead: none."
             )
+            await Shots(tmp_path).take(page, "console-held.png")
             assert await state(operations, held) is MessageState.HELD  # a dry run
             await page.locator("#confirm").click()
             await expect(page.locator("#done")).to_contain_text("replay changed 1 of 1 message")
