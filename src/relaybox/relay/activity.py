@@ -57,8 +57,8 @@ class Tally:
 
 class ActivityLog:
     """Logs failed writes and purges of the activity: the first, then at most one per
-    `every` seconds (saying how many failed meanwhile), and once when writes succeed
-    again."""
+    `every` seconds (saying how many failed since the last write that worked), and once
+    when writes succeed again."""
 
     def __init__(self, every: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.every = every
@@ -80,8 +80,10 @@ class ActivityLog:
         )  # fmt: skip
 
     def succeeded(self) -> None:
+        """A write went through. The time of the last warning stays: a write that
+        touches only some of the tables can succeed between failures, and the warnings
+        keep to one per `every` seconds all the same."""
         if self._failures:
             logger.info("writing the relay's activity works again",
                         extra={"action": "activity_recovered"})  # fmt: skip
         self._failures = 0
-        self._logged_at = None
