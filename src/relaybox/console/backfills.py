@@ -17,7 +17,7 @@ import logging
 from relaybox.core.inspection import Change, MessageFilter
 from relaybox.core.message import Target
 from relaybox.errors import ConfigurationError, RelayboxError
-from relaybox.operations.backfill import BackfillOutcome, backfill
+from relaybox.operations.backfill import BATCH, BackfillOutcome, backfill
 from relaybox.operations.messages import Operations
 
 log = logging.getLogger("relaybox.console")
@@ -59,7 +59,7 @@ class Backfills:
             raise ConfigurationError(f"backfill {asked.name!r} is running already")
         task = asyncio.create_task(
             backfill(operations, asked.name, asked.source, asked.to, asked.change,
-                     rate=asked.rate),
+                     rate=asked.rate, batch=_batch(asked.rate)),
             name=f"relaybox backfill {asked.name}",
         )  # fmt: skip
         run = _Run(task)
@@ -74,6 +74,12 @@ class Backfills:
         """Why this console's last run of the job failed; None if it did not."""
         run = self._runs.get((table, name))
         return None if run is None else run.error
+
+
+def _batch(rate: float | None) -> int:
+    """Copies per transaction: with a rate, about a second's worth, so the job's
+    progress moves every second or so; without, the most."""
+    return BATCH if rate is None else max(1, min(BATCH, int(rate)))
 
 
 def _ended(run: _Run, task: asyncio.Task[BackfillOutcome]) -> None:
