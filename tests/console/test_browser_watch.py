@@ -11,6 +11,7 @@ docs/operations.md); otherwise under the test's temporary directory.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 from collections.abc import AsyncIterator, Sequence
@@ -22,6 +23,7 @@ from playwright.async_api import Browser, expect
 from relaybox import Message
 from relaybox.console import create_app
 from relaybox.core.circuit import CircuitPolicy, CircuitState
+from relaybox.core.incoming import Incoming
 from relaybox.core.publishing import PublishResult
 from relaybox.core.records import StoredMessage
 from relaybox.operations.inboxes import InboxWatch
@@ -78,6 +80,12 @@ def relay(db: OutboxDB, publishers: dict[str, MemoryPublisher]) -> Relay:
                  worker="relay-1")  # fmt: skip
 
 
+def written(message_id: str, seconds_ago: float) -> Incoming:
+    """A message its writer created `seconds_ago`, for a lag to chart."""
+    at = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=seconds_ago)
+    return dataclasses.replace(incoming(message_id), time=at)
+
+
 async def audit_open(db: OutboxDB) -> bool:
     found = {s.target: s for s in await db.storage.relay_statuses()}
     return "audit" in found and found["audit"].circuit is CircuitState.OPEN
@@ -94,8 +102,8 @@ async def test_the_overview_charts_deliveries_circuits_and_consumers(
     db: OutboxDB, operations: Operations, world: InboxWorld, browser: Browser, tmp_path: Path
 ) -> None:
     consumer = world.consumer()
-    for message_id in ("m1", "m2", "m3"):
-        await consumer.process(incoming(message_id))
+    for message_id, seconds_ago in (("m1", 4.0), ("m2", 1.5), ("m3", 0.5)):
+        await consumer.process(written(message_id, seconds_ago))
     await consumer.process(incoming("m1"))  # a copy
     assert await consumer.record_activity()
     await db.write([*orders("order-1", 4), *orders("audit-1", 2, targets=["audit"])])
@@ -127,6 +135,7 @@ async def test_the_overview_charts_deliveries_circuits_and_consumers(
             row = page.locator('table.consumers tr[data-consumer="test"]')
             await expect(row.locator("td.applied")).to_have_text("3")
             await expect(row.locator("td.parked-now")).to_have_text("0")
+            await expect(row.locator("svg.chart-consumer-lag circle.lag-max")).to_have_count(1)
             await expect(page.locator("#oldest-pending")).to_contain_text("Oldest due message")
             await Shots(tmp_path).take(page, "console-watch.png")
 
@@ -162,11 +171,13 @@ async def test_an_operator_backfills_a_new_target_after_a_dry_run_and_the_relay_
             status = page.locator("#backfill-status")
             await expect(status).to_have_attribute("data-state", "finished")
             await expect(status).to_contain_text("finished; 3 copied of 3")
-            await eventually(lambda: len(late.published) == 4, timeout=20)
-            await page.locator("#bf-lookup").fill("late-history")
-            await page.get_by_role("button", name="Show").click()
             await expect(status).to_contain_text("by ana: the late service needs the history")
             await Shots(tmp_path).take(page, "console-backfill.png")
+            await eventually(lambda: len(late.published) == 4, timeout=20)
+            await page.goto(f"{base}/#/t/0/backfill")  # a later visit finds it by name
+            await page.locator("#bf-lookup").fill("late-history")
+            await page.get_by_role("button", name="Show").click()
+            await expect(status).to_contain_text("finished; 3 copied, up to seq")
     originals = {(m.key, json.loads(m.payload)["n"]): m.id for m in default.published}
     # order-2's live message first, then the copy behind it; order-1's copies in order.
     assert [m.id for m in late.published if m.key == "order-2"] == [

@@ -21,7 +21,7 @@ from relaybox.core.identifiers import DEFAULT_INBOX
 from relaybox.errors import RelayboxError
 from relaybox.inbox import parked as store
 from relaybox.inbox.parked import STATUSES, ParkedMessage, Status
-from relaybox.storage.connect import in_transaction
+from relaybox.operations.inboxes import in_transaction
 from relaybox.storage.urls import DatabaseUrl
 
 T = TypeVar("T")

@@ -14,10 +14,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from relaybox.core.identifiers import DEFAULT_INBOX, validate_table_name
+from relaybox.core.urls import scrub
+from relaybox.errors import RelayboxError, SchemaError, StorageError
 from relaybox.inbox.parked import parked_counts
 from relaybox.operations.watch import ConsumerSeries, inbox_activity
-from relaybox.storage.connect import in_transaction
+from relaybox.storage.connect import transaction
 from relaybox.storage.urls import DatabaseUrl
+from relaybox.writer.connections import missing_table
 
 T = TypeVar("T")
 
@@ -48,3 +51,21 @@ class InboxWatch:
             f"them with `relaybox migrate --inbox --db {self._url.masked} --table {self.table}`"
         )
         return await in_transaction(self._url, work, missing_hint=hint)
+
+
+async def in_transaction(
+    url: DatabaseUrl, work: Callable[[Any], Awaitable[T]], *, missing_hint: str
+) -> T:
+    """`work` on a new connection to `url`, in one transaction committed when it
+    returns. A driver's error becomes relaybox's, its text with the URL's secrets
+    masked; a missing table's says `missing_hint`."""
+    try:
+        async with transaction(url) as connection:
+            return await work(connection)
+    except RelayboxError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a driver's, told as relaybox's
+        text = scrub(str(error), url.secrets)  # a driver may quote the password
+        if missing_table(error):
+            raise SchemaError(f"{url.masked}: {missing_hint}") from None
+        raise StorageError(f"{url.masked}: {type(error).__name__}: {text}") from None

@@ -7,34 +7,11 @@ storage of relaybox's own.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 from relaybox.core.extras import installed, missing
-from relaybox.core.urls import scrub
-from relaybox.errors import RelayboxError, SchemaError, StorageError
 from relaybox.storage.urls import DatabaseUrl
-from relaybox.writer.connections import missing_table
-
-T = TypeVar("T")
-
-
-async def in_transaction(
-    url: DatabaseUrl, work: Callable[[Any], Awaitable[T]], *, missing_hint: str
-) -> T:
-    """`work` on a new connection to `url`, in one transaction committed when it
-    returns. A driver's error becomes relaybox's, its text with the URL's secrets
-    masked; a missing table's says `missing_hint`."""
-    try:
-        async with transaction(url) as connection:
-            return await work(connection)
-    except RelayboxError:
-        raise
-    except Exception as error:  # noqa: BLE001 - a driver's, told as relaybox's
-        text = scrub(str(error), url.secrets)  # a driver may quote the password
-        if missing_table(error):
-            raise SchemaError(f"{url.masked}: {missing_hint}") from None
-        raise StorageError(f"{url.masked}: {type(error).__name__}: {text}") from None
 
 
 @contextlib.asynccontextmanager

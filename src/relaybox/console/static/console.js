@@ -501,7 +501,7 @@ function backfillForm(table) {
   const field = (name, label, attrs) => el("label", {}, label, el("input", { name, id: `bf-${name}`, ...(attrs || {}) }));
   return el("form", { class: "search", id: "backfill-form" },
     field("name", "job name", { required: true }),
-    field("source", "copy the published messages of target", { required: true }),
+    field("source", "from target (its published messages)", { required: true }),
     BACKFILL_FILTERS.map((name) => field(name, name,
       { placeholder: name === "since" || name === "until" ? "2024-05-01T12:00:00Z" : "" })),
     field("to", "to target", { required: true }),
@@ -549,7 +549,7 @@ function followBackfill(table, name, total, into) {
     into.replaceChildren(el("div", { class: state === "finished" ? "done" : "preview", id: "backfill-status",
       "data-state": state },
     el("p", {}, `Backfill ${name}: ${state}; ${copied} copied${total === null ? "" : ` of ${total}`}`
-      + (job ? `, up to seq ${job.cursor}${job.last_seq === null ? "" : ` (of ${job.last_seq})`}` : "") + "."),
+      + (job ? `, up to seq ${job.cursor}` : "") + "."),
     total ? el("progress", { max: total, value: Math.min(copied, total) }) : null,
     job ? el("p", { class: "note" }, `${job.source_target} → ${job.to}${job.external ? " (external)" : ""}, `
       + `by ${job.actor}${job.reason ? `: ${job.reason}` : ""}; started ${job.created_at}`
@@ -572,11 +572,6 @@ async function backfillPage(table, params) {
     + "(one added later, say); the relays then deliver them. Stopped at any point, it goes on "
     + "from where it was when started again under the same name.")];
   const status = el("div", { id: "backfill-progress" });
-  const lookup = el("input", { name: "job", id: "bf-lookup", value: params.get("name") || "", "aria-label": "job name" });
-  parts.push(el("form", { class: "lookup", onsubmit: (event) => {
-    event.preventDefault();
-    location.hash = `#/t/${table}/backfill?${new URLSearchParams({ name: lookup.value })}`;
-  } }, el("label", {}, "Show the job named ", lookup), " ", el("button", { type: "submit" }, "Show")));
   if (!session.changes) {
     parts.push(el("p", { class: "note" }, `Starting a backfill needs a console that changes: ${session.read_only_reason}.`));
   } else if (!session.signed_in) {
@@ -595,7 +590,7 @@ async function backfillPage(table, params) {
         const start = el("button", { type: "button", id: "confirm", onclick: async () => {
           try {
             await post(`api/tables/${table}/backfills`, backfillBody(form, false));
-            outcome.replaceChildren();
+            outcome.replaceChildren(el("div", { class: "preview", id: "preview" }, ...describePlan(preview, to)));
             followBackfill(table, name, preview.plan.count, status);
           } catch (error) { outcome.replaceChildren(errorBox(error)); }
         } }, "Start backfill");
@@ -606,6 +601,11 @@ async function backfillPage(table, params) {
     });
     parts.push(form, el("p", { class: "note" }, "A dry run shows what would be copied first; nothing is copied until you start it."), outcome);
   }
+  const lookup = el("input", { name: "job", id: "bf-lookup", value: params.get("name") || "", "aria-label": "job name" });
+  parts.push(el("form", { class: "lookup", onsubmit: (event) => {
+    event.preventDefault();
+    location.hash = `#/t/${table}/backfill?${new URLSearchParams({ name: lookup.value })}`;
+  } }, el("label", {}, "Show the job named ", lookup), " ", el("button", { type: "submit" }, "Show")));
   parts.push(status);
   show(...parts);
   if (params.get("name")) followBackfill(table, params.get("name"), null, status);
