@@ -116,6 +116,7 @@ async def test_the_overview_charts_deliveries_circuits_and_consumers(
         app = create_app([operations], token=TOKEN, inboxes=[inbox])
         async with serving(app) as base:
             page = await browser.new_page(viewport={"width": 1280, "height": 900})
+            await page.clock.install()  # the refresh's timer runs when the test says
             await page.goto(f"{base}/")
             chart = page.locator('.watch[data-target="default"] svg.chart-published')
             await expect(chart).to_be_visible()
@@ -138,6 +139,13 @@ async def test_the_overview_charts_deliveries_circuits_and_consumers(
             await expect(row.locator("svg.chart-consumer-lag circle.lag-max")).to_have_count(1)
             await expect(page.locator("#oldest-pending")).to_contain_text("Oldest due message")
             await Shots(tmp_path).take(page, "console-watch.png")
+
+            await consumer.process(written("m4", 1.0))
+            assert await consumer.record_activity()
+            await page.clock.run_for(9_000)
+            await expect(row.locator("td.applied")).to_have_text("3")  # not yet
+            await page.clock.run_for(1_000)
+            await expect(row.locator("td.applied")).to_have_text("4")  # every 10 s
 
 
 async def test_an_operator_backfills_a_new_target_after_a_dry_run_and_the_relay_publishes_it(

@@ -1,4 +1,5 @@
-"""The console's watching and backfill API over real tables (SQLite and PostgreSQL):
+"""The console's watching and backfill API over real tables (SQLite and PostgreSQL; the
+inboxes on MariaDB too):
 the targets' activity and the relays' circuits as the relays write them, the consumers'
 activity and parked messages read from their own database, and a backfill planned,
 started as a task of the console, followed to its end and refused when it may not run.
@@ -102,7 +103,7 @@ async def test_an_activity_window_is_1_to_120_minutes(http: httpx.AsyncClient) -
 # -- the consumers' activity ---------------------------------------------------------------
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
 async def world(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[InboxWorld]:
     async with InboxWorld(request.param, tmp_path) as opened:
         yield opened
