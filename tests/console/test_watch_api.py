@@ -1,8 +1,8 @@
 """The console's watching and backfill API over real tables (SQLite and PostgreSQL; the
-inboxes on MariaDB too):
-the targets' activity and the relays' circuits as the relays write them, the consumers'
-activity and parked messages read from their own database, and a backfill planned,
-started as a task of the console, followed to its end and refused when it may not run.
+inboxes on MariaDB too): the targets' activity and the relays' circuits as the relays
+write them, the consumers' activity and parked messages read from their own database,
+and a backfill planned, started as a task of the console, followed to its end and
+refused when it may not run.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from relaybox.console import create_app
 from relaybox.core.activity import NO_LAG, TargetActivity
 from relaybox.core.circuit import CircuitState
 from relaybox.core.inspection import MessageFilter
+from relaybox.inbox import parked
 from relaybox.operations.inboxes import InboxWatch
 from relaybox.operations.messages import Operations
 from tests.inbox.support import InboxWorld, incoming
@@ -138,6 +139,11 @@ async def test_an_inbox_shows_each_consumers_minutes_and_its_parked_messages(
         answer = await http.get("/api/inboxes/0/activity?minutes=10")
         assert answer.status_code == 200, answer.text
         assert PASSWORD not in answer.text + str(listed)
+        async with world.transaction() as connection:
+            (poison,) = await parked.list_parked(connection, table=world.table)
+            await parked.discard(connection, [poison.id], reason="a test", table=world.table)
+        later = (await http.get("/api/inboxes/0/activity?minutes=10")).json()
+        assert later["parked_now"] == {}  # discarded: no longer parked
     found = answer.json()
     assert found["minutes"] == 10
     assert sorted(found["consumers"]) == ["other", "test"]
