@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import uvicorn
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, expect
 from starlette.applications import Starlette
 from starlette.responses import HTMLResponse
 from starlette.routing import Mount, Route
@@ -35,7 +35,6 @@ from relaybox.relay import Relay
 from tests.relay_support import OutboxDB, eventually, fast_settings, outbox_db
 
 TOKEN = "console-token-for-the-browser-tests"
-CHROMIUM = "/usr/bin/chromium"
 #: The browser tests' backend: the console over a real database file.
 BACKEND = "sqlite"
 HOSTILE = "<script>window.pwned = 1</script>"
@@ -52,16 +51,6 @@ async def operations(db: OutboxDB) -> AsyncIterator[Operations]:
     """The console's own view of the table, through its own connection."""
     async with Operations.opened(db.url, db.table) as opened:
         yield opened
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=CHROMIUM)
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 @contextlib.asynccontextmanager

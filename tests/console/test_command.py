@@ -17,6 +17,7 @@ import pytest
 
 from tests.acceptance.test_relay_processes import RELAYBOX
 from tests.brokers.harness import free_port
+from tests.inbox.support import InboxWorld, incoming
 from tests.relay_support import OutboxDB, eventually, outbox_db
 
 TOKEN = "a-token-for-the-console-process"
@@ -120,6 +121,33 @@ async def test_without_a_token_it_is_read_only_and_a_token_file_changes_that(
     assert "(read-only)" in bare.stop()
     allowed = filed.call("/api/tables/0/actions/replay", body, Authorization=f"Bearer {TOKEN}")
     assert allowed[0] == 200
+
+
+async def test_inbox_databases_given_by_url_and_by_file_are_watched_with_passwords_masked(
+    db: OutboxDB, tmp_path: Path, consoles: list[Console]
+) -> None:
+    async with InboxWorld("postgresql", tmp_path) as world:
+        consumer = world.consumer(name="billing")
+        await consumer.process(incoming("m1"))
+        assert await consumer.record_activity()
+        secret_url = world.url.replace("postgres@", f"postgres:{PASSWORD}@")
+        url_file = tmp_path / "inbox-url"
+        url_file.write_text(f"{secret_url}\n")
+        console = Console(db, tmp_path, "--inbox-db", secret_url, "--inbox-db-file",
+                          str(url_file), "--inbox-table", world.table, token=None)  # fmt: skip
+        consoles.append(console)
+        await eventually(lambda: console.call("/api/session")[0] == 200, timeout=30)
+        status, listed = console.call("/api/inboxes")
+        assert status == 200
+        assert [inbox["index"] for inbox in listed["inboxes"]] == [0, 1]
+        assert all(inbox["name"].endswith(f" {world.table}") for inbox in listed["inboxes"])
+        status, activity = console.call("/api/inboxes/1/activity?minutes=5")
+        assert status == 200
+        assert sum(p["applied"] for p in activity["consumers"]["billing"]) == 1
+        assert PASSWORD not in json.dumps([listed, activity])
+        said = console.stop()
+    assert f"inbox {listed['inboxes'][0]['name']}" in said
+    assert PASSWORD not in said
 
 
 def test_the_token_is_never_an_option_and_a_bad_listen_address_is_refused(

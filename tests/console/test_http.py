@@ -160,6 +160,21 @@ def test_a_browser_change_needs_the_csrf_token_and_the_consoles_origin() -> None
     assert len(fake.acts) == 1
 
 
+def test_a_backfill_from_the_browser_needs_the_csrf_token_and_the_consoles_origin() -> None:
+    http = client(FakeOperations())
+    csrf = signed_in(http)
+    body = {"name": "late", "filter": {"target": "default"}, "to": "late", "actor": "ana",
+            "dry_run": True}  # fmt: skip
+    url = "/api/tables/0/backfills"
+    refused = [
+        http.post(url, json=body, headers={"Origin": HOST}),
+        http.post(url, json=body, headers={"Origin": "http://evil.example", "X-CSRF-Token": csrf}),
+        http.post(url, json=body, headers={"X-CSRF-Token": csrf}),
+    ]
+    assert [answer.status_code for answer in refused] == [403] * 3
+    assert "CSRF" in refused[0].json()["error"]
+
+
 def test_a_forged_or_foreign_session_cookie_is_not_a_session() -> None:
     fake = FakeOperations()
     other = client(FakeOperations(), token="another-token-of-some-length")

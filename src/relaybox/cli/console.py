@@ -12,8 +12,9 @@ import click
 from relaybox.cli import output, urls
 from relaybox.cli.urls import DB_ENV, from_environment
 from relaybox.core.extras import needs_extras
-from relaybox.core.identifiers import DEFAULT_TABLE
+from relaybox.core.identifiers import DEFAULT_INBOX, DEFAULT_TABLE
 from relaybox.errors import ConfigurationError, RelayboxError
+from relaybox.operations.inboxes import InboxWatch
 from relaybox.operations.messages import Operations
 
 TOKEN_ENV = "RELAYBOX_CONSOLE_TOKEN"
@@ -31,6 +32,18 @@ DEFAULT_LISTEN = "127.0.0.1:8470"
 )  # fmt: skip
 @click.option("--table", default=DEFAULT_TABLE, show_default=True)
 @click.option(
+    "--inbox-db", "inbox_databases", multiple=True, metavar="URL",
+    help="A consumers' database whose inbox to watch; repeatable.",
+)  # fmt: skip
+@click.option(
+    "--inbox-db-file", "inbox_db_files", multiple=True, type=click.Path(dir_okay=False),
+    metavar="PATH", help="Read a consumers' database URL from this file; repeatable.",
+)  # fmt: skip
+@click.option(
+    "--inbox-table", default=DEFAULT_INBOX, show_default=True,
+    help="The inbox table of each --inbox-db.",
+)  # fmt: skip
+@click.option(
     "--listen", default=DEFAULT_LISTEN, show_default=True, metavar="HOST:PORT",
     help="Where to serve; another host than 127.0.0.1 lets other machines read messages.",
 )  # fmt: skip
@@ -44,12 +57,16 @@ def console(
     databases: tuple[str, ...],
     db_files: tuple[str, ...],
     table: str,
+    inbox_databases: tuple[str, ...],
+    inbox_db_files: tuple[str, ...],
+    inbox_table: str,
     listen: str,
     read_only: bool,
     token_file: str | None,
 ) -> None:
-    """Serve the web console: find stuck messages, see why and what waits behind them,
-    replay, discard, delay, expedite, hold or release them, with an audit record.
+    """Serve the web console: watch the relays' deliveries and the consumers' work;
+    find stuck messages, see why and what waits behind them, replay, discard, delay,
+    expedite, hold or release them, with an audit record; backfill a target.
 
     The token is never taken on the command line, where every user of the machine can
     read it: give it in RELAYBOX_CONSOLE_TOKEN or a file."""
@@ -58,8 +75,10 @@ def console(
         if db_files and from_environment("databases"):
             databases = ()
         found = urls.databases(databases, db_files)
+        given = [*inbox_databases, *(urls.read_url(path) for path in inbox_db_files)]
+        inboxes = [InboxWatch(url, inbox_table) for url in given]
         token = read_token(token_file)
-        asyncio.run(_serve(found, table, host, port, token=token, read_only=read_only))
+        asyncio.run(_serve(found, table, inboxes, host, port, token=token, read_only=read_only))
     except RelayboxError as exc:
         raise output.Failure(str(exc)) from exc
 
@@ -88,7 +107,14 @@ def read_token(path: str | None) -> str | None:
 
 
 async def _serve(
-    databases: list[str], table: str, host: str, port: int, *, token: str | None, read_only: bool
+    databases: list[str],
+    table: str,
+    inboxes: list[InboxWatch],
+    host: str,
+    port: int,
+    *,
+    token: str | None,
+    read_only: bool,
 ) -> None:
     with needs_extras("relaybox console"):
         import uvicorn
@@ -99,11 +125,13 @@ async def _serve(
         tables = [
             await stack.enter_async_context(Operations.opened(url, table)) for url in databases
         ]
-        app = create_app(tables, token=token, read_only=read_only)
+        app = create_app(tables, token=token, read_only=read_only, inboxes=inboxes)
         mode = "read-only" if read_only or token is None else "changes need the token"
         shown = f"[{host}]" if ":" in host else host
         output.line(f"relaybox console on http://{shown}:{port}/ ({mode})")
         for each in tables:
             output.line(f"  {each.name}")
+        for inbox in inboxes:
+            output.line(f"  inbox {inbox.name}")
         config = uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="warning")
         await uvicorn.Server(config).serve()

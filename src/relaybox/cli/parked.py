@@ -10,22 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
 
 from relaybox.cli import output
 from relaybox.cli.urls import database_option
-from relaybox.core.extras import installed, missing
 from relaybox.core.identifiers import DEFAULT_INBOX
-from relaybox.core.urls import scrub
-from relaybox.errors import RelayboxError, SchemaError, StorageError
+from relaybox.errors import RelayboxError
 from relaybox.inbox import parked as store
 from relaybox.inbox.parked import STATUSES, ParkedMessage, Status
+from relaybox.operations.inboxes import in_transaction
 from relaybox.storage.urls import DatabaseUrl
-from relaybox.writer.connections import missing_table
 
 T = TypeVar("T")
 
@@ -124,76 +121,10 @@ def _run(db_url: str, table: str, work: Callable[[Any], Awaitable[T]]) -> T:
     the URL's password masked, as the command's."""
     try:
         url = DatabaseUrl.parse(db_url)
-        return asyncio.run(_in_transaction(url, table, work))
+        hint = (
+            f"no table {table}_parked: create it with `relaybox migrate --inbox "
+            f"--db {url.masked} --table {table}`"
+        )
+        return asyncio.run(in_transaction(url, work, missing_hint=hint))
     except RelayboxError as error:
         raise output.Failure(str(error)) from error
-
-
-async def _in_transaction(url: DatabaseUrl, table: str, work: Callable[[Any], Awaitable[T]]) -> T:
-    try:
-        async with _transaction(url) as connection:
-            return await work(connection)
-    except RelayboxError:
-        raise
-    except Exception as error:  # noqa: BLE001 - a driver's, told as relaybox's
-        text = scrub(str(error), url.secrets)  # a driver may quote the password
-        if missing_table(error):
-            raise SchemaError(
-                f"no table {table}_parked at {url.masked}: create it with `relaybox migrate "
-                f"--inbox --db {url.masked} --table {table}`"
-            ) from None
-        raise StorageError(f"{url.masked}: {type(error).__name__}: {text}") from None
-
-
-@contextlib.asynccontextmanager
-async def _transaction(url: DatabaseUrl) -> AsyncIterator[Any]:
-    """A connection in a transaction, through the client the URL names or the first
-    installed one of its dialect; committed on a clean exit."""
-    client = next((c for c in url.clients if installed(c)), None)
-    if client is None:
-        raise missing(url.clients[0] if url.clients else url.dialect, f"reading {url.masked}")
-    if client == "asyncpg":
-        import asyncpg
-
-        pg = await asyncpg.connect(url.libpq_dsn())
-        try:
-            async with pg.transaction():
-                yield pg
-        finally:
-            await pg.close()
-    elif client == "psycopg":
-        import psycopg
-
-        async with await psycopg.AsyncConnection.connect(url.libpq_dsn()) as pq:
-            yield pq  # psycopg commits on a clean exit, rolls back otherwise
-    elif client == "aiosqlite":
-        import aiosqlite
-
-        async with aiosqlite.connect(url.database, timeout=30) as lite:
-            await lite.execute("BEGIN IMMEDIATE")
-            yield lite
-            await lite.commit()  # an exception leaves it uncommitted: closing rolls back
-    else:
-        async with _mysql(url, client) as my:
-            yield my
-
-
-@contextlib.asynccontextmanager
-async def _mysql(url: DatabaseUrl, client: str) -> AsyncIterator[Any]:
-    options: dict[str, Any] = {
-        "host": url.host or "127.0.0.1", "port": url.port or 3306, "user": url.user or "root",
-        "password": url.password or "", "autocommit": False,
-    }  # fmt: skip
-    if client == "asyncmy":
-        import asyncmy
-
-        my = await asyncmy.connect(database=url.database or None, **options)
-    else:
-        import aiomysql
-
-        my = await aiomysql.connect(db=url.database or None, **options)
-    try:
-        yield my
-        await my.commit()
-    finally:
-        my.close()

@@ -19,16 +19,22 @@ from relaybox.core.extras import needs_extras
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
+    from relaybox.operations.inboxes import InboxWatch
     from relaybox.operations.messages import Operations
 
 
 def create_app(
-    tables: Sequence[Operations], *, token: str | None, read_only: bool = False
+    tables: Sequence[Operations],
+    *,
+    token: str | None,
+    read_only: bool = False,
+    inboxes: Sequence[InboxWatch] = (),
 ) -> Starlette:
-    """The console of `tables` as an ASGI application. Changes need `token` (at least
+    """The console of `tables` as an ASGI application, watching the consumers of
+    `inboxes` too (`InboxWatch(db_url, table)` each). Changes need `token` (at least
     16 characters): sent as `Authorization: Bearer <token>`, or typed into the page's
     sign-in form. Without a token, or with `read_only`, the console changes nothing."""
     with needs_extras("the console"):
         from relaybox.console.app import build
 
-    return build(tables, token=token, read_only=read_only)
+    return build(tables, token=token, read_only=read_only, inboxes=inboxes)

@@ -9,6 +9,7 @@ changing needs the token (see relaybox.console.guard).
 
 from __future__ import annotations
 
+import datetime
 import importlib.resources
 import json
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,10 +23,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relaybox.console import views
+from relaybox.console.backfills import Backfills
 from relaybox.console.guard import COOKIE, SESSION_SECONDS, Guard, same_origin
 from relaybox.core.inspection import MAX_PAGE, MessageFilter
 from relaybox.errors import ConfigurationError, RelayboxError, StorageError
 from relaybox.operations import views as shapes
+from relaybox.operations import watch
+from relaybox.operations.inboxes import InboxWatch
 from relaybox.operations.messages import Operations
 
 #: The largest request body read (an action names at most views.MAX_NAMED seqs).
@@ -53,12 +57,18 @@ _STUCK = frozenset(views.STUCK)
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def build(tables: Sequence[Operations], *, token: str | None, read_only: bool) -> Starlette:
+def build(
+    tables: Sequence[Operations],
+    *,
+    token: str | None,
+    read_only: bool,
+    inboxes: Sequence[InboxWatch] = (),
+) -> Starlette:
     if not tables:
         raise ConfigurationError("the console needs at least one table")
     if token is not None and len(token) < 16:
         raise ConfigurationError("a console token has at least 16 characters")
-    api = _Api(list(tables), Guard(token, read_only))
+    api = _Api(list(tables), list(inboxes), Guard(token, read_only))
     routes = [
         Route("/api/session", api.session),
         Route("/api/login", api.login, methods=["POST"]),
@@ -68,6 +78,11 @@ def build(tables: Sequence[Operations], *, token: str | None, read_only: bool) -
         Route("/api/tables/{table:int}/messages/{seq:int}", api.message),
         Route("/api/tables/{table:int}/actions/{action}", api.act, methods=["POST"]),
         Route("/api/tables/{table:int}/audit", api.audit),
+        Route("/api/tables/{table:int}/activity", api.activity),
+        Route("/api/tables/{table:int}/backfills", api.backfill, methods=["POST"]),
+        Route("/api/tables/{table:int}/backfills/{name:path}", api.backfill_status),
+        Route("/api/inboxes", api.inboxes),
+        Route("/api/inboxes/{inbox:int}/activity", api.inbox_activity),
         *(Route(f"/{path}", _asset(name, kind)) for path, (name, kind) in _ASSETS.items()),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
@@ -81,11 +96,14 @@ def build(tables: Sequence[Operations], *, token: str | None, read_only: bool) -
 
 
 class _Api:
-    """The API's handlers over the tables' operations, table N being the Nth given."""
+    """The API's handlers over the tables' operations, table N being the Nth given, and
+    over the inboxes watched, inbox N being the Nth given."""
 
-    def __init__(self, tables: list[Operations], guard: Guard) -> None:
+    def __init__(self, tables: list[Operations], inboxes: list[InboxWatch], guard: Guard) -> None:
         self.operations = tables
+        self.watched = inboxes
         self.guard = guard
+        self.backfills = Backfills()
 
     # -- who is asking -----------------------------------------------------------------
 
@@ -187,7 +205,89 @@ class _Api:
             }
         )
 
+    async def activity(self, request: Request) -> Response:
+        """The table's targets, a point per minute of the window, with the live relays'
+        circuit state per target and the partitions each holds."""
+        table = self._table(request)
+        minutes = views.minutes_of(_query(request))
+        series = await watch.outbox_activity(table.storage, _window_start(minutes))
+        statuses = await watch.relay_statuses(table.storage)
+        stats, relays = await table.stats(), await table.relays()
+        return JSONResponse(
+            {
+                "minutes": minutes,
+                "targets": watch.target_series_json(series),
+                "statuses": watch.statuses_json(statuses),
+                "relays": views.relays_json(relays),
+                "oldest_pending_age": stats.oldest_pending_age,
+                "held": stats.held,
+                "held_keys": stats.held_keys,
+            }
+        )
+
+    async def inboxes(self, request: Request) -> Response:
+        return JSONResponse(
+            {"inboxes": [{"index": n, "name": each.name} for n, each in enumerate(self.watched)]}
+        )
+
+    async def inbox_activity(self, request: Request) -> Response:
+        """The inbox's consumers, a point per minute of the window, and how many of each
+        one's messages are parked now."""
+        index: int = request.path_params["inbox"]
+        if index >= len(self.watched):
+            raise HTTPException(404, f"no inbox {index}")
+        inbox = self.watched[index]
+        minutes = views.minutes_of(_query(request))
+        series = await inbox.activity(_window_start(minutes))
+        return JSONResponse(
+            {
+                "index": index,
+                "name": inbox.name,
+                "minutes": minutes,
+                "consumers": watch.consumer_series_json(series),
+                "parked_now": await inbox.parked_now(),
+            }
+        )
+
+    async def backfill_status(self, request: Request) -> Response:
+        table = self._table(request)
+        index: int = request.path_params["table"]
+        name: str = request.path_params["name"]
+        job = await table.storage.backfill_job(name)
+        running = self.backfills.running(index, name)
+        if job is None and not running:
+            return _error(404, f"no backfill named {views.shown(name)}")
+        error = self.backfills.error(index, name)
+        return JSONResponse(views.backfill_json(name, job, running, error))
+
     # -- changing ----------------------------------------------------------------------
+
+    async def backfill(self, request: Request) -> Response:
+        """A backfill's dry run (`dry_run`: true), or its start as a task of this
+        process; its progress is read from backfill_status."""
+        table = self._table(request)
+        index: int = request.path_params["table"]
+        refused = self.refusal(request)
+        if refused is not None:
+            return refused
+        body = await _body(request)
+        dry_run = body.get("dry_run", False)
+        if not isinstance(dry_run, bool):
+            raise ConfigurationError("dry_run: true or false")
+        asked = views.backfill_of(body)
+        if self.backfills.running(index, asked.name):
+            return _error(409, f"backfill {views.shown(asked.name)} is running already")
+        if dry_run:
+            planned = await self.backfills.plan(table, asked)
+            return JSONResponse(
+                {
+                    "plan": views.plan_json(planned.plan),
+                    **views.backfill_json(asked.name, planned.job, False, None),
+                }
+            )
+        self.backfills.start(index, table, asked)
+        job = await table.storage.backfill_job(asked.name)
+        return JSONResponse(views.backfill_json(asked.name, job, True, None), status_code=202)
 
     async def act(self, request: Request) -> Response:
         table = self._table(request)
@@ -211,6 +311,12 @@ class _Api:
         if index >= len(self.operations):
             raise HTTPException(404, f"no table {index}")
         return self.operations[index]
+
+
+def _window_start(minutes: int) -> datetime.datetime:
+    """The start of a window of `minutes` minutes that ends now (the current minute
+    counts as one)."""
+    return datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=minutes - 1)
 
 
 def _query(request: Request) -> dict[str, list[str]]:

@@ -15,18 +15,22 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from relaybox.console.backfills import BackfillRequest
 from relaybox.core.inspection import (
     MAX_PAGE,
     MAX_SEQ,
     AuditAction,
+    BackfillJob,
     Change,
     MessageFilter,
     MessageState,
     MessageSummary,
     RelayMember,
 )
+from relaybox.core.message import Target
 from relaybox.core.records import OutboxStats
 from relaybox.errors import ConfigurationError
+from relaybox.operations.backfill import BackfillPlan
 from relaybox.operations.messages import Selection
 
 #: The actions a request may ask for (a backfill has its own command).
@@ -49,6 +53,10 @@ _TEXT_FIELDS = (
 )
 #: Every query parameter a search reads (besides `state`, which may repeat).
 FILTER_FIELDS = (*_TEXT_FIELDS, "id", "min_seq", "max_seq", "since", "until")
+#: The longest window, in minutes, an activity request may ask for.
+MAX_MINUTES = 120
+#: The most messages per second a backfill may be told to copy.
+MAX_RATE = 1_000_000.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,7 +76,7 @@ def search_of(query: Mapping[str, Sequence[str]]) -> Search:
     """A search from query parameters (each name to its values, in order)."""
     order = _one(query, "order") or "newest"
     if order not in ("newest", "oldest"):
-        raise ConfigurationError(f"order {_shown(order)}: newest or oldest")
+        raise ConfigurationError(f"order {shown(order)}: newest or oldest")
     limit = _one(query, "limit")
     after = _one(query, "after")
     return Search(
@@ -116,7 +124,7 @@ def selection_of(body: Mapping[str, Any]) -> Selection:
         raise ConfigurationError("filter: an object of search fields")
     unknown = set(where) - {*FILTER_FIELDS, "state"}
     if unknown:
-        raise ConfigurationError(f"filter: unknown field {_shown(sorted(unknown)[0])}")
+        raise ConfigurationError(f"filter: unknown field {shown(sorted(unknown)[0])}")
     fields = {name: _strings(name, value) for name, value in where.items()}
     chosen = filter_of(fields)
     if chosen.empty:
@@ -144,8 +152,50 @@ def delay_of(body: Mapping[str, Any]) -> float:
 
 def action_of(name: str) -> AuditAction:
     if name not in {str(action) for action in ACTIONS}:
-        raise ConfigurationError(f"action {_shown(name)}: one of {', '.join(sorted(ACTIONS))}")
+        raise ConfigurationError(f"action {shown(name)}: one of {', '.join(sorted(ACTIONS))}")
     return AuditAction(name)
+
+
+def minutes_of(query: Mapping[str, Sequence[str]]) -> int:
+    """The window of an activity request, in minutes (60 unless told)."""
+    minutes = _one(query, "minutes")
+    return 60 if minutes is None else _integer("minutes", minutes, 1, MAX_MINUTES)
+
+
+def backfill_of(body: Mapping[str, Any]) -> BackfillRequest:
+    """A backfill request: `name`, `filter` (the search's fields; its `target` is the
+    source), `to` and `external` (the destination), `rate` (per second, or null), and
+    who asks and why."""
+    name, to, external, rate = (
+        body.get("name"),
+        body.get("to"),
+        body.get("external"),
+        body.get("rate"),
+    )
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigurationError("name the backfill (name)")
+    if not isinstance(to, str) or not to.strip():
+        raise ConfigurationError("to: the target to copy the messages to")
+    if not isinstance(external, bool | None):
+        raise ConfigurationError("external: true or false")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)):
+        raise ConfigurationError("rate: a number of messages per second, or null")
+    if rate is not None and not 0 < rate <= MAX_RATE:
+        raise ConfigurationError(f"rate: above 0, at most {MAX_RATE:g} messages per second")
+    where = body.get("filter", {})
+    if not isinstance(where, dict):
+        raise ConfigurationError("filter: an object of search fields")
+    unknown = set(where) - set(FILTER_FIELDS)
+    if unknown:
+        raise ConfigurationError(f"filter: unknown field {shown(sorted(unknown)[0])}")
+    source = filter_of({field: _strings(field, value) for field, value in where.items()})
+    return BackfillRequest(
+        name=name.strip(),
+        source=source,
+        to=Target(_text("to", to.strip()), external=bool(external)),
+        rate=None if rate is None else float(rate),
+        change=change_of(body),
+    )
 
 
 def audit_page_of(query: Mapping[str, Sequence[str]]) -> tuple[int, int | None]:
@@ -191,16 +241,52 @@ def table_json(
         },
         "oldest_pending_age": stats.oldest_pending_age,
         "active_leases": stats.active_leases,
-        "relays": [
-            {
-                "worker": relay.worker,
-                "target": relay.target,
-                "joined_at": _time(relay.joined_at),
-                "lease_until": _time(relay.lease_until),
-                "partitions": list(relay.partitions),
-            }
-            for relay in relays
-        ],
+        "relays": relays_json(relays),
+    }
+
+
+def relays_json(relays: Sequence[RelayMember]) -> list[dict[str, Any]]:
+    """The live relays, each with the partitions it holds."""
+    return [
+        {
+            "worker": relay.worker,
+            "target": relay.target,
+            "joined_at": _time(relay.joined_at),
+            "lease_until": _time(relay.lease_until),
+            "partitions": list(relay.partitions),
+        }
+        for relay in relays
+    ]
+
+
+def backfill_json(
+    name: str, job: BackfillJob | None, running: bool, error: str | None
+) -> dict[str, Any]:
+    """Where a backfill stands: `job` as the table records it (None: not begun yet),
+    whether this console runs it now, and why its last run here failed."""
+    shown: dict[str, Any] = {"name": name, "running": running, "error": error, "job": None}
+    if job is not None:
+        shown["job"] = {
+            "source_target": job.source.target,
+            "to": job.target,
+            "external": job.external,
+            "cursor": job.cursor,
+            "last_seq": job.source.max_seq,
+            "copied": job.copied,
+            "actor": job.actor,
+            "reason": job.reason,
+            "created_at": _time(job.created_at),
+            "finished_at": _time(job.finished_at),
+            "finished": job.finished_at is not None,
+        }
+    return shown
+
+
+def plan_json(plan: BackfillPlan) -> dict[str, Any]:
+    return {
+        "count": plan.count,
+        "keys": plan.keys,
+        "keys_live_on_target": plan.keys_live_on_target,
     }
 
 
@@ -236,7 +322,7 @@ def _state(text: str) -> MessageState:
         return MessageState(text)
     except ValueError:
         states = ", ".join(str(state) for state in MessageState)
-        raise ConfigurationError(f"state {_shown(text)}: one of {states}") from None
+        raise ConfigurationError(f"state {shown(text)}: one of {states}") from None
 
 
 def _text(name: str, text: str) -> str:
@@ -249,12 +335,12 @@ def _uuid(text: str) -> uuid.UUID:
     try:
         return uuid.UUID(text)
     except ValueError:
-        raise ConfigurationError(f"id {_shown(text)}: not a UUID") from None
+        raise ConfigurationError(f"id {shown(text)}: not a UUID") from None
 
 
 def _integer(name: str, text: str, low: int, high: int) -> int:
     if not (text.isascii() and text.isdigit() and len(text) <= 19):
-        raise ConfigurationError(f"{name} {_shown(text)}: a whole number from {low} to {high}")
+        raise ConfigurationError(f"{name} {shown(text)}: a whole number from {low} to {high}")
     value = int(text)
     if not low <= value <= high:
         raise ConfigurationError(f"{name} {value}: a whole number from {low} to {high}")
@@ -273,11 +359,11 @@ def _instant(name: str, text: str) -> datetime.datetime:
         value = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise ConfigurationError(
-            f"{name} {_shown(text)}: an ISO 8601 time, e.g. 2024-05-01T12:00:00Z"
+            f"{name} {shown(text)}: an ISO 8601 time, e.g. 2024-05-01T12:00:00Z"
         ) from None
     return value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
 
 
-def _shown(text: str) -> str:
+def shown(text: str) -> str:
     """A value of the request, quoted and cut short, for an error message."""
     return json.dumps(text[:80] + ("..." if len(text) > 80 else ""))

@@ -159,6 +159,13 @@ async def list_parked(
     return await listing(work, status=status, consumer=consumer, type=type, limit=limit)
 
 
+async def parked_counts(connection: Any, *, table: str = DEFAULT_INBOX) -> dict[str, int]:
+    """Per consumer, how many of its messages are parked now (replayed and discarded
+    ones not counted), through an async connection or session."""
+    work = await Work.opened(connection, Inbox(table=table))
+    return {str(consumer): int(count) for consumer, count in await work.fetch("parked_counts")}
+
+
 async def request_replay(
     connection: Any, ids: Sequence[int], *, table: str = DEFAULT_INBOX, by: str | None = None
 ) -> int:

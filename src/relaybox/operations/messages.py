@@ -32,7 +32,7 @@ from relaybox.core.inspection import (
 )
 from relaybox.core.records import OutboxStats
 from relaybox.errors import ConfigurationError
-from relaybox.ports import InspectionStorage, OperatorStorage
+from relaybox.ports import ActivityStorage, InspectionStorage, OperatorStorage
 from relaybox.storage import open_storage
 
 #: Rows changed per statement, and read per page while planning.
@@ -62,8 +62,9 @@ Selection = Sequence[int] | MessageFilter
 Progress = Callable[[int, int], None]
 
 
-class Storage(InspectionStorage, OperatorStorage, Protocol):
-    """What the operations use of a storage (every backend serves both)."""
+class Storage(InspectionStorage, OperatorStorage, ActivityStorage, Protocol):
+    """What the operations and the console use of a storage (every backend serves
+    all three)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

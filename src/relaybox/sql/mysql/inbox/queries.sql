@@ -86,6 +86,12 @@ WHERE status = %s AND consumer = COALESCE(%s, consumer) AND type = COALESCE(%s, 
   AND id < COALESCE(%s, id + 1)
 ORDER BY id DESC LIMIT %s;
 
+-- name: parked_counts
+-- (none): per consumer, how many of its messages are parked now.
+SELECT consumer, count(*) FROM {table}_parked
+WHERE status = 'parked'
+GROUP BY consumer ORDER BY consumer;
+
 -- name: resolve
 -- new status ('replay' or 'discarded'), by whom, note, id: only a parked message.
 UPDATE {table}_parked SET status = %s, changed_at = UTC_TIMESTAMP(6), changed_by = %s, note = %s

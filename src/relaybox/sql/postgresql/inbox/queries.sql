@@ -80,6 +80,12 @@ WHERE status = $1 AND consumer = COALESCE($2, consumer) AND type = COALESCE($3, 
   AND id < COALESCE($4, id + 1)
 ORDER BY id DESC LIMIT $5;
 
+-- name: parked_counts
+-- (none): per consumer, how many of its messages are parked now.
+SELECT consumer, count(*) FROM {table}_parked
+WHERE status = 'parked'
+GROUP BY consumer ORDER BY consumer;
+
 -- name: resolve
 -- new status ('replay' or 'discarded'), by whom, note, id: only a parked message.
 UPDATE {table}_parked SET status = $1, changed_at = now(), changed_by = $2, note = $3

@@ -84,6 +84,12 @@ WHERE status = ? AND consumer = COALESCE(?, consumer) AND type = COALESCE(?, typ
   AND id < COALESCE(?, id + 1)
 ORDER BY id DESC LIMIT ?;
 
+-- name: parked_counts
+-- (none): per consumer, how many of its messages are parked now.
+SELECT consumer, count(*) FROM {table}_parked
+WHERE status = 'parked'
+GROUP BY consumer ORDER BY consumer;
+
 -- name: resolve
 -- new status ('replay' or 'discarded'), by whom, note, id: only a parked message.
 UPDATE {table}_parked SET status = ?, changed_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), changed_by = ?, note = ?
