@@ -524,11 +524,18 @@ class SqlStorage(abc.ABC):
     async def purge(
         self, *, published_older_than: float, abandoned_older_than: float, batch_size: int = 500
     ) -> int:
+        return await self._purge_in_batches(
+            (("purge_published", published_older_than),
+             ("purge_abandoned", abandoned_older_than)), batch_size,
+        )  # fmt: skip
+
+    async def _purge_in_batches(self, purges: Sequence[tuple[str, float]], batch_size: int) -> int:
+        """Run each (named delete, age in seconds) a batch at a time until a batch
+        comes back short; how many rows they deleted in all."""
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         total = 0
-        for name, age in (("purge_published", published_older_than),
-                          ("purge_abandoned", abandoned_older_than)):  # fmt: skip
+        for name, age in purges:
             while True:
                 deleted = await self._execute(name, float(age), batch_size)
                 total += deleted
@@ -782,16 +789,9 @@ class SqlStorage(abc.ABC):
     async def purge_activity(
         self, *, older_than: float = ACTIVITY_RETENTION, batch_size: int = 500
     ) -> int:
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
-        total = 0
-        for name in ("activity_purge", "relay_status_purge"):
-            while True:
-                deleted = await self._execute(name, float(older_than), batch_size)
-                total += deleted
-                if deleted < batch_size:
-                    break
-        return total
+        return await self._purge_in_batches(
+            (("activity_purge", older_than), ("relay_status_purge", older_than)), batch_size
+        )
 
 
 def assignment(
