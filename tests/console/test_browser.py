@@ -222,6 +222,51 @@ async def test_an_operator_finds_an_abandoned_message_and_replays_it_in_key_orde
 _ABANDONED = frozenset({MessageState.ABANDONED})
 
 
+async def test_mounted_behind_the_application_s_own_sign_in_the_user_replays_as_themselves(
+    db: OutboxDB, operations: Operations, browser: Browser
+) -> None:
+    """No console token: the host application's signed-in user may change messages, and
+    is the actor of the audit record."""
+    publisher = MemoryPublisher()
+    publisher.reject(first_of("order-7"), error="400 Bad Request")
+    relay = await abandon(db, publisher, orders("order-7", 1))
+    await relay.__aexit__(None, None, None)
+    (stuck,) = (await operations.search(MessageFilter(states=_ABANDONED))).messages
+
+    async def login(request: Any) -> Any:  # the host application's own sign-in
+        response = HTMLResponse("signed in")
+        response.set_cookie("host_session", "ana@example.com", httponly=True, samesite="strict")
+        return response
+
+    def authorize(request: Any) -> str | None:
+        user: str | None = request.cookies.get("host_session")
+        return user
+
+    console = create_app([operations], authorize=authorize)
+    host = Starlette(routes=[Route("/login", login), Mount("/ops", console)])
+    async with serving(host) as base:
+        page = await browser.new_page()
+        await page.goto(f"{base}/ops/#/t/0/m/{stuck.seq}")
+        await expect(
+            page.get_by_text("Sign in to the application to act on messages.")
+        ).to_be_visible()
+        await expect(page.locator("#host-user")).to_have_text("Not signed in to the application")
+        await page.goto(f"{base}/login")
+        await page.goto(f"{base}/ops/#/t/0/m/{stuck.seq}")
+        await expect(page.locator("#host-user")).to_have_text("Signed in as ana@example.com")
+        await expect(page.locator("#actor")).to_have_value("ana@example.com")
+        await page.locator("#reason").fill("the receiver accepts it now")
+        await page.locator("button[data-action=replay]").click()
+        await expect(page.locator("#preview p")).to_contain_text(
+            f"Will replay 1 message (#{stuck.seq})"
+        )
+        await page.locator("#confirm").click()
+        await expect(page.locator("#done")).to_contain_text("replay changed 1 of 1 message")
+    assert await state(operations, stuck.seq) is MessageState.PENDING
+    (record,) = await operations.audit()
+    assert (record.actor, record.reason) == ("ana@example.com", "the receiver accepts it now")
+
+
 async def test_with_keys_held_a_replayed_message_goes_out_first_and_its_key_follows_in_order(
     db: OutboxDB, operations: Operations, browser: Browser, tmp_path: Path
 ) -> None:

@@ -395,3 +395,81 @@ def test_payloads_show_as_json_text_or_hex() -> None:
 
 def test_an_empty_query_value_is_a_field_not_given() -> None:
     assert filter_of({"key": [""], "state": [""]}) == MessageFilter()
+
+
+# -- the host application's authentication -------------------------------------------------
+
+
+def host_user(request: Any) -> str | None:
+    """A host application's word on who the request's user is: here its own cookie, as
+    an application's session middleware would have checked it."""
+    user: str | None = request.cookies.get("host_session")
+    return user
+
+
+def host_client(fake: FakeOperations, **options: Any) -> TestClient:
+    return client(fake, token=None, authorize=host_user, **options)
+
+
+def test_a_host_authorized_user_changes_as_themselves_with_the_page_s_csrf_token() -> None:
+    fake = FakeOperations()
+    http = host_client(fake)
+    http.cookies.set("host_session", "ana@example.com")
+    session = http.get("/api/session").json()
+    assert (session["changes"], session["signed_in"], session["host_user"]) == (
+        True, True, "ana@example.com",
+    )  # fmt: skip
+    headers = {"Origin": HOST, "X-CSRF-Token": session["csrf"]}
+    body = {**REPLAY, "actor": "someone else"}
+    answer = http.post("/api/tables/0/actions/replay", json=body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    ((_, _, change, _),) = fake.acts
+    assert change == Change("ana@example.com", "schema fixed")  # the host's user, not the body's
+
+
+def test_a_host_authorized_change_without_the_csrf_token_or_from_elsewhere_is_refused() -> None:
+    fake = FakeOperations()
+    http = host_client(fake)
+    http.cookies.set("host_session", "ana@example.com")
+    csrf = http.get("/api/session").json()["csrf"]
+    other = guard.Guard(None, False, host_user).host_csrf("ana@example.com")  # another start
+    refused = [
+        {"Origin": HOST},
+        {"Origin": HOST, "X-CSRF-Token": other},
+        {"Origin": "http://evil.example", "X-CSRF-Token": csrf},
+        {"X-CSRF-Token": csrf},
+    ]
+    for headers in refused:
+        answer = http.post("/api/tables/0/actions/replay", json=REPLAY, headers=headers)
+        assert answer.status_code == 403, (headers, answer.text)
+    http.cookies.set("host_session", "bo@example.com")  # ana's token is not bo's
+    answer = http.post(
+        "/api/tables/0/actions/replay", json=REPLAY, headers={"Origin": HOST, "X-CSRF-Token": csrf}
+    )
+    assert answer.status_code == 403
+    assert fake.acts == []
+
+
+def test_without_the_host_s_word_nothing_changes_and_read_only_still_wins() -> None:
+    fake = FakeOperations()
+    http = host_client(fake)
+    session = http.get("/api/session").json()
+    assert (session["changes"], session["signed_in"], session["host_user"]) == (True, False, None)
+    answer = http.post("/api/tables/0/actions/replay", json=REPLAY, headers={"Origin": HOST})
+    assert answer.status_code == 401
+    assert "authentication does not allow" in answer.json()["error"]
+    read_only = host_client(fake, read_only=True)
+    read_only.cookies.set("host_session", "ana@example.com")
+    assert read_only.get("/api/session").json()["changes"] is False
+    answer = read_only.post("/api/tables/0/actions/replay", json=REPLAY, headers={"Origin": HOST})
+    assert answer.status_code == 403
+    assert fake.acts == []
+
+
+def test_the_token_still_works_beside_the_host_s_authentication() -> None:
+    fake = FakeOperations()
+    http = client(fake, authorize=host_user)
+    answer = http.post("/api/tables/0/actions/replay", json=REPLAY, headers=BEARER)
+    assert answer.status_code == 200, answer.text
+    ((_, _, change, _),) = fake.acts
+    assert change.actor == "ana"  # a script names its actor

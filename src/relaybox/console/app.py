@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relaybox.console import views
 from relaybox.console.backfills import Backfills
-from relaybox.console.guard import COOKIE, SESSION_SECONDS, Guard, same_origin
+from relaybox.console.guard import COOKIE, SESSION_SECONDS, Authorize, Guard, same_origin
 from relaybox.core.inspection import MAX_PAGE, MessageFilter
 from relaybox.errors import ConfigurationError, RelayboxError, StorageError
 from relaybox.operations import views as shapes
@@ -63,12 +63,13 @@ def build(
     token: str | None,
     read_only: bool,
     inboxes: Sequence[InboxWatch] = (),
+    authorize: Authorize | None = None,
 ) -> Starlette:
     if not tables:
         raise ConfigurationError("the console needs at least one table")
     if token is not None and len(token) < 16:
         raise ConfigurationError("a console token has at least 16 characters")
-    api = _Api(list(tables), list(inboxes), Guard(token, read_only))
+    api = _Api(list(tables), list(inboxes), Guard(token, read_only, authorize))
     routes = [
         Route("/api/session", api.session),
         Route("/api/login", api.login, methods=["POST"]),
@@ -108,15 +109,23 @@ class _Api:
     # -- who is asking -----------------------------------------------------------------
 
     async def session(self, request: Request) -> Response:
+        answer: dict[str, Any] = {
+            "changes": self.guard.changes,
+            "read_only_reason": None if self.guard.changes else self.guard.read_only_reason(),
+            "host_user": None,
+            # Whether the page offers the token's sign-in (not when only the host
+            # application's authentication lets users change messages).
+            "token_sign_in": self.guard.token is not None,
+        }
+        user = self.guard.host_user(request) if self.guard.changes else None
+        if user is not None:
+            answer.update(signed_in=True, csrf=self.guard.host_csrf(user), host_user=user)
+            return JSONResponse(answer)
         nonce = self.guard.session_nonce(request.cookies.get(COOKIE))
-        return JSONResponse(
-            {
-                "changes": self.guard.changes,
-                "read_only_reason": None if self.guard.changes else self.guard.read_only_reason(),
-                "signed_in": nonce is not None,
-                "csrf": None if nonce is None else self.guard.csrf(nonce),
-            }
+        answer.update(
+            signed_in=nonce is not None, csrf=None if nonce is None else self.guard.csrf(nonce)
         )
+        return JSONResponse(answer)
 
     async def login(self, request: Request) -> Response:
         if not self.guard.changes:
@@ -150,16 +159,25 @@ class _Api:
         if not self.guard.changes:
             return _error(403, self.guard.read_only_reason())
         bearer = request.headers.get("authorization")
-        if bearer is not None:
+        if bearer is not None and self.guard.token is not None:
             return None if self.guard.bearer_ok(bearer) else _error(401, "wrong token")
+        csrf = request.headers.get("x-csrf-token")
+        user = self.guard.host_user(request)
+        if user is not None:
+            return _page_refusal(request, self.guard.host_csrf_ok(user, csrf))
+        if self.guard.token is None:
+            return _error(401, "the application's authentication does not allow this change")
         nonce = self.guard.session_nonce(request.cookies.get(COOKIE))
         if nonce is None:
             return _error(401, "sign in with the console's token first")
-        if not _from_here(request):
-            return _error(403, "a change must come from the console's own page")
-        if not self.guard.csrf_ok(nonce, request.headers.get("x-csrf-token")):
-            return _error(403, "missing or wrong CSRF token; reload the page")
-        return None
+        return _page_refusal(request, self.guard.csrf_ok(nonce, csrf))
+
+    def host_user(self, request: Request) -> str | None:
+        """The user the host application authenticated, unless the request brings the
+        console's token (then the body names the actor)."""
+        if self.guard.token is not None and request.headers.get("authorization") is not None:
+            return None
+        return self.guard.host_user(request)
 
     # -- reading -----------------------------------------------------------------------
 
@@ -274,7 +292,7 @@ class _Api:
         dry_run = body.get("dry_run", False)
         if not isinstance(dry_run, bool):
             raise ConfigurationError("dry_run: true or false")
-        asked = views.backfill_of(body)
+        asked = views.backfill_of(body, self.host_user(request))
         if self.backfills.running(index, asked.name):
             return _error(409, f"backfill {views.shown(asked.name)} is running already")
         if dry_run:
@@ -300,7 +318,7 @@ class _Api:
         if not isinstance(dry_run, bool):
             raise ConfigurationError("dry_run: true or false")
         selection = views.selection_of(body)
-        change = views.change_of(body)
+        change = views.change_of(body, self.host_user(request))
         outcome = await table.act(
             action, selection, change, dry_run=dry_run, delay=views.delay_of(body)
         )
@@ -347,6 +365,16 @@ async def _body(request: Request) -> dict[str, Any]:
 def _from_here(request: Request) -> bool:
     headers = request.headers
     return same_origin(headers.get("host"), headers.get("origin"), headers.get("referer"))
+
+
+def _page_refusal(request: Request, csrf_ok: bool) -> Response | None:
+    """A change the browser asks for comes from the console's own page, with the CSRF
+    token that page was given."""
+    if not _from_here(request):
+        return _error(403, "a change must come from the console's own page")
+    if not csrf_ok:
+        return _error(403, "missing or wrong CSRF token; reload the page")
+    return None
 
 
 def _cookie_path(request: Request) -> str:

@@ -9,7 +9,16 @@ of the nonce, read by the page's script from the session endpoint, which a page 
 another origin cannot read) and must come from the console's own origin (its Origin
 header, or else its Referer). Every comparison of a secret runs in constant time.
 
-Without a token the console is read-only: nobody can prove they may change anything.
+Mounted inside an application that authenticates its users, the console can take that
+application's word instead (`authorize`: a function of the request that names the user
+allowed to change messages, or gives None). The user's name is then the actor of every
+audit record, the page needs no sign-in, and the browser's changes still carry a CSRF
+token (a MAC of the user's name under a key drawn when the console starts) and must
+come from the console's own origin: the application's own session cookie is what a
+forged request from another site would ride on.
+
+Without a token and without `authorize` the console is read-only: nobody can prove they
+may change anything.
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 #: A browser session lasts this long after signing in.
@@ -34,20 +45,49 @@ class Refusal:
     reason: str
 
 
+#: Names the user of a request whom the host application allows to change messages,
+#: or gives None.
+Authorize = Callable[[Any], "str | None"]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Guard:
     token: str | None
     read_only: bool
+    authorize: Authorize | None = None
+    #: The key of the CSRF tokens of users the host application authorized.
+    secret: bytes = dataclasses.field(default_factory=lambda: secrets.token_bytes(32))
 
     @property
     def changes(self) -> bool:
         """Whether anyone may change messages here at all."""
-        return self.token is not None and not self.read_only
+        return (self.token is not None or self.authorize is not None) and not self.read_only
 
     def read_only_reason(self) -> str:
         if self.read_only:
             return "the console runs read-only"
         return "no token is configured, so the console is read-only"
+
+    def host_user(self, request: Any) -> str | None:
+        """The user the host application allows to change messages; None when it does
+        not say so (or the console does not ask it)."""
+        if self.authorize is None:
+            return None
+        user = self.authorize(request)
+        if user is None:
+            return None
+        if not isinstance(user, str) or not user.strip():
+            raise TypeError("authorize must give a user's name or None")
+        return user.strip()
+
+    def host_csrf(self, user: str) -> str:
+        message = f"csrf\x00{user}".encode()
+        return hmac.new(self.secret, message, hashlib.sha256).hexdigest()
+
+    def host_csrf_ok(self, user: str, given: str | None) -> bool:
+        return given is not None and hmac.compare_digest(
+            given.encode("utf-8"), self.host_csrf(user).encode()
+        )
 
     def bearer_ok(self, header: str) -> bool:
         scheme, _, given = header.partition(" ")

@@ -132,8 +132,10 @@ def selection_of(body: Mapping[str, Any]) -> Selection:
     return chosen
 
 
-def change_of(body: Mapping[str, Any]) -> Change:
-    actor, reason = body.get("actor"), body.get("reason")
+def change_of(body: Mapping[str, Any], user: str | None = None) -> Change:
+    """Who changes and why; `user`, the one the host application authenticated, is the
+    actor whatever the body says."""
+    actor, reason = user or body.get("actor"), body.get("reason")
     if not isinstance(actor, str):
         raise ConfigurationError("name who makes the change (the actor)")
     if reason is not None and not isinstance(reason, str):
@@ -162,7 +164,7 @@ def minutes_of(query: Mapping[str, Sequence[str]]) -> int:
     return 60 if minutes is None else _integer("minutes", minutes, 1, MAX_MINUTES)
 
 
-def backfill_of(body: Mapping[str, Any]) -> BackfillRequest:
+def backfill_of(body: Mapping[str, Any], user: str | None = None) -> BackfillRequest:
     """A backfill request: `name`, `filter` (the search's fields; its `target` is the
     source), `to` and `external` (the destination), `rate` (per second, or null), and
     who asks and why."""
@@ -194,7 +196,7 @@ def backfill_of(body: Mapping[str, Any]) -> BackfillRequest:
         source=source,
         to=Target(_text("to", to.strip()), external=bool(external)),
         rate=None if rate is None else float(rate),
-        change=change_of(body),
+        change=change_of(body, user),
     )
 
 

@@ -11,7 +11,7 @@ const ACTIONS = ["replay", "discard", "delay", "expedite", "hold", "release"];
 const STATUS_STATE = { pending: "pending", processing: "in_flight", failed: "retrying",
   abandoned: "abandoned", published: "published" };
 
-let session = { changes: false, signed_in: false, csrf: null, read_only_reason: null };
+let session = { changes: false, signed_in: false, csrf: null, read_only_reason: null, host_user: null, token_sign_in: true };
 // Timers of the page shown (the overview's refresh, a backfill's progress): a new page
 // stops them.
 let timers = [];
@@ -101,6 +101,10 @@ function renderWho() {
   const who = document.getElementById("who");
   if (!session.changes) {
     who.replaceChildren(el("span", { class: "read-only" }, `Read-only: ${session.read_only_reason}`));
+  } else if (session.host_user !== null) {
+    who.replaceChildren(el("span", { id: "host-user" }, `Signed in as ${session.host_user}`));
+  } else if (!session.token_sign_in) {
+    who.replaceChildren(el("span", { id: "host-user" }, "Not signed in to the application"));
   } else if (session.signed_in) {
     who.replaceChildren(el("span", {}, "Signed in "),
       el("button", { type: "button", onclick: signOut }, "Sign out"));
@@ -454,12 +458,22 @@ function describe(outcome) {
   return `${text}.`;
 }
 
+// The actor of the audit records: the user the host application signed in, when it
+// did (the server takes that name whatever the field says), else what the operator types.
+function actorInput(attributes) {
+  if (session.host_user !== null) {
+    return el("input", { ...attributes, value: session.host_user, readonly: "readonly" });
+  }
+  return el("input", { ...attributes, value: localStorage.getItem("relaybox-actor") || "" });
+}
+
 function actionsPanel(table, selection, what, done) {
   if (!session.changes) return null;
   if (!session.signed_in) {
-    return el("section", { class: "actions" }, el("p", { class: "note" }, "Sign in to act on messages."));
+    const how = session.token_sign_in ? "Sign in" : "Sign in to the application";
+    return el("section", { class: "actions" }, el("p", { class: "note" }, `${how} to act on messages.`));
   }
-  const actor = el("input", { name: "actor", id: "actor", value: localStorage.getItem("relaybox-actor") || "" });
+  const actor = actorInput({ name: "actor", id: "actor" });
   const reason = el("input", { name: "reason", id: "reason", size: 40 });
   const delay = el("input", { name: "delay", id: "delay", value: "60", size: 6 });
   const outcome = el("div", { id: "outcome" });
@@ -507,7 +521,9 @@ function backfillForm(table) {
     field("to", "to target", { required: true }),
     el("label", { class: "check" }, el("input", { type: "checkbox", name: "external", id: "bf-external" }), " external target"),
     field("rate", "at most, per second", { placeholder: "no limit" }),
-    field("actor", "actor", { value: localStorage.getItem("relaybox-actor") || "" }),
+    field("actor", "actor", session.host_user !== null
+      ? { value: session.host_user, readonly: "readonly" }
+      : { value: localStorage.getItem("relaybox-actor") || "" }),
     field("reason", "reason"),
     el("div", {}, el("button", { type: "submit", id: "bf-dry-run" }, "Dry run")));
 }
