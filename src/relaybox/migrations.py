@@ -43,14 +43,6 @@ class _Ddl(Protocol):
     async def versions(self, table: str) -> set[int]: ...
 
 
-_TRACKING = {
-    "postgresql": "CREATE TABLE IF NOT EXISTS {table}_migrations (version integer PRIMARY KEY, "
-    "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
-    "mysql": "CREATE TABLE IF NOT EXISTS {table}_migrations (version INT PRIMARY KEY, "
-    "name VARCHAR(255) NOT NULL, applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))",
-    "sqlite": "CREATE TABLE IF NOT EXISTS {table}_migrations (version INTEGER PRIMARY KEY, "
-    "name TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
-}
 _RECORD = "INSERT INTO {table}_migrations (version, name) VALUES "
 _VERSIONS = "SELECT version FROM {table}_migrations"
 
@@ -257,7 +249,7 @@ async def _migrate(
 ) -> list[int]:
     latest = steps[-1][0] if steps else 0
     applied: list[int] = []
-    await ddl.execute(sql.render(_TRACKING[dialect], table, dialect))
+    await ddl.execute(sql.tracking(dialect, table))
     done = await ddl.versions(table)
     if done and max(done) > latest:
         raise SchemaError(

@@ -101,15 +101,47 @@ def migrate(db_url: str, table: str | None, inbox: bool, log: bool) -> None:
 @click.option("--dialect", type=click.Choice(sql.DIALECTS), required=True)
 @click.option("--table", default=None, help=_TABLE_HELP)
 @click.option("--inbox", is_flag=True, help=_INBOX_HELP)
-def schema(dialect: sql.Dialect, table: str | None, inbox: bool) -> None:
-    """Print the DDL, for teams that run their own migrations (Alembic, Django)."""
+@click.option(
+    "--from",
+    "after",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Only the migrations after this schema version (0: all of them), each followed "
+    "by its record in <table>_migrations, as `relaybox migrate` keeps it.",
+)
+def schema(dialect: sql.Dialect, table: str | None, inbox: bool, after: int | None) -> None:
+    """Print the DDL, for teams that run their own migrations (Alembic, Django, SQL)."""
+    kind: sql.Kind = "inbox" if inbox else "outbox"
+    table = table or (DEFAULT_INBOX if inbox else DEFAULT_TABLE)
     try:
-        if inbox:
-            output.lines(sql.schema(dialect, table or DEFAULT_INBOX, "inbox"))
+        if after is None:
+            output.lines(sql.schema(dialect, table, kind))
         else:
-            output.lines(sql.schema(dialect, table or DEFAULT_TABLE))
+            output.lines(_migrations_after(dialect, table, kind, after))
     except RelayboxError as exc:
         raise output.Failure(str(exc)) from exc
+
+
+def _migrations_after(dialect: sql.Dialect, table: str, kind: sql.Kind, after: int) -> str:
+    """The statements of the migrations of `table` after version `after`, as `relaybox
+    migrate` runs them, each migration recorded in `<table>_migrations` so that `relaybox
+    migrate` later finds it applied."""
+    steps = sql.migrations(dialect, table, kind)
+    latest = steps[-1][0]
+    if after > latest:
+        raise RelayboxError(f"--from {after}: this relaybox knows {kind} versions up to {latest}")
+    parts = [
+        f"-- {table}: from schema version {after} to {latest}",
+        sql.tracking(dialect, table) + ";",
+    ]
+    for version, name, script in steps:
+        if version > after:
+            statements = "".join(f"{statement};\n" for statement in sql.statements(script))
+            record = f"INSERT INTO {table}_migrations (version, name) VALUES ({version}, '{name}');"
+            # PostgreSQL's DDL is transactional: each migration and its record, or neither.
+            begin, commit = ("BEGIN;\n", "\nCOMMIT;") if dialect == "postgresql" else ("", "")
+            parts.append(f"-- migration {version:04d}_{name}\n{begin}{statements}{record}{commit}")
+    return "\n\n".join(parts)
 
 
 T = TypeVar("T")

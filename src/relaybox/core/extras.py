@@ -24,6 +24,8 @@ EXTRAS: dict[str, str] = {
     "aiosqlite": "sqlite",
     "sqlalchemy": "sqlalchemy",
     "django": "django",
+    "alembic": "alembic",
+    "flask": "flask",
     "nats": "nats",
     "aio_pika": "amqp",
     "aiormq": "amqp",

@@ -79,6 +79,41 @@ def functions(dialect: Dialect, table: str, kind: Kind = "outbox") -> list[str]:
     return _FUNCTION.findall(schema(dialect, table, kind))
 
 
+#: The table `<table>_migrations` that records which migrations a table has had.
+_TRACKING = {
+    "postgresql": "CREATE TABLE IF NOT EXISTS {table}_migrations (version integer PRIMARY KEY, "
+    "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+    "mysql": "CREATE TABLE IF NOT EXISTS {table}_migrations (version INT PRIMARY KEY, "
+    "name VARCHAR(255) NOT NULL, applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))",
+    "sqlite": "CREATE TABLE IF NOT EXISTS {table}_migrations (version INTEGER PRIMARY KEY, "
+    "name TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
+}
+
+
+def tracking(dialect: Dialect, table: str) -> str:
+    """The DDL of `<table>_migrations`, where every way of migrating `table` (`relaybox
+    migrate`, the Alembic operations) records the versions it applied."""
+    return render(_TRACKING[dialect], table, dialect)
+
+
+_CREATED = re.compile(r"^\s*CREATE (TABLE|TYPE) (?:IF NOT EXISTS )?([\w.]+)", re.MULTILINE)
+
+
+def drops(dialect: Dialect, table: str, kind: Kind = "outbox") -> list[str]:
+    """Statements that drop what the migrations of `table` created, and its record of
+    them: the tables (the latest first), then PostgreSQL's functions and types."""
+    created = [
+        found for _version, _name, script in migrations(dialect, table, kind)
+        for found in _CREATED.findall(script)
+    ]  # fmt: skip
+    tables = [name for what, name in created if what == "TABLE"]
+    found = [f"DROP TABLE IF EXISTS {name}" for name in reversed(tables)]
+    found.append(f"DROP TABLE IF EXISTS {validate_table_name(table)}_migrations")
+    found += [f"DROP FUNCTION IF EXISTS {name}" for name in functions(dialect, table, kind)]
+    found += [f"DROP TYPE IF EXISTS {name}" for what, name in created if what == "TYPE"]
+    return found
+
+
 def migrations(dialect: Dialect, table: str, kind: Kind = "outbox") -> list[tuple[int, str, str]]:
     """(version, name, rendered SQL) for every migration of `dialect`, in order."""
     folder = _folder(dialect, kind).joinpath("migrations")
