@@ -27,8 +27,8 @@ and `upgrade_*` needs `after=` (the version the database is at) to know where to
 
 relaybox's migrations only add; there is no step down between two versions. The
 downgrade of a revision that created the tables is `drop_outbox`/`drop_inbox`; that of
-one that upgraded them has nothing to undo (an older relaybox reading a newer schema
-says so at start).
+one that upgraded them has nothing to undo: a release's migrations leave the schema
+usable by the release before it.
 """
 
 from __future__ import annotations
