@@ -278,7 +278,7 @@ def test_the_flask_extension_starts_a_relay_in_a_worker_that_serves(
             said = json.load(response)
         assert said["imported_in"] == proc.pid != said["pid"]
         assert _pid_of(said["worker"]) == said["pid"]
-        assert said["worker"] in _members(db)
+        _wait(lambda: said["worker"] in _members(db), "the worker's relay joining", proc)
         _wait(lambda: _owned(db) > 0, "partitions taken", proc)
     finally:
         assert _stop(proc) == 0

@@ -66,7 +66,7 @@ down_revision = "a1"
 
 
 def upgrade():
-    upgrade_outbox(op, table={outbox!r})
+    upgrade_outbox(op, table={outbox!r}{after})
 
 
 def downgrade():
@@ -80,13 +80,16 @@ _SQLALCHEMY = {
 }
 
 
-def _alembic(tmp_path: Path, url: str, dialect: str, outbox: str, inbox: str) -> Config:
-    """An Alembic project in `tmp_path` with the two revisions, and its own version table."""
+def _alembic(
+    tmp_path: Path, url: str, dialect: str, outbox: str, inbox: str, after: str = ""
+) -> Config:
+    """An Alembic project in `tmp_path` with the two revisions, and its own version table;
+    `after` is more arguments of the upgrade."""
     scripts = tmp_path / "migrations"
     (scripts / "versions").mkdir(parents=True)
     (scripts / "env.py").write_text(ENV)
     for name, body in (("a1_create.py", CREATE), ("a2_upgrade.py", UPGRADE)):
-        text = textwrap.dedent(body).format(outbox=outbox, inbox=inbox)
+        text = textwrap.dedent(body).format(outbox=outbox, inbox=inbox, after=after)
         (scripts / "versions" / name).write_text(text)
     config = Config()
     config.set_main_option("script_location", str(scripts))
@@ -158,3 +161,11 @@ def test_offline_alembic_writes_the_migrations_and_their_record(tmp_path: Path) 
     assert "::" in script  # PostgreSQL's casts in the functions, untouched by bind params
     with pytest.raises(ConfigurationError, match="pass after=VERSION"):
         command.upgrade(config, "a1:a2", sql=True)
+
+    told = _alembic(tmp_path / "told", "postgresql://", "postgresql", outbox, inbox, ", after=2")
+    told.output_buffer = io.StringIO()
+    command.upgrade(told, "a1:a2", sql=True)
+    script = told.output_buffer.getvalue()
+    assert f"INSERT INTO {outbox}_migrations (version, name) VALUES (3, 'activity')" in script
+    assert f"CREATE TABLE IF NOT EXISTS {outbox}_activity" in script
+    assert "VALUES (2, " not in script
