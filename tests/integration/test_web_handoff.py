@@ -69,6 +69,7 @@ def test_a_flask_request_that_ends_well_wakes_the_relay(tmp_path: Path, table: s
     try:
         assert client.post("/first").status_code == 200
         assert _published(publisher, 1, 5.0)
+        time.sleep(0.5)  # the relay reads once more after work, then idles a minute
         assert client.post("/failing").status_code == 500
         assert not _published(publisher, 2, 1.0)  # no hand-off after an error: next poll
     finally:
