@@ -293,6 +293,32 @@ WHERE $3 IS NULL OR FIND_IN_SET(s.state, $3) > 0
 ORDER BY s.seq {order}
 LIMIT $17;
 
+-- name: search_abandoned
+-- `search` of abandoned rows only: they come from the abandoned purge's index, which holds
+-- them and no other row, sorted by seq here. Abandoned rows are the few that went
+-- wrong, where a walk of the primary key would pass over every live and published row first.
+-- $1 target, $2 topic, $3 key, $4 type, $5 id, $6 correlation, $7 causation, $8 tenant,
+-- $9 aggregate (each NULL: any), $10 and $11 the seq range, $12 and $13 the written
+-- range (NULL: open), $14 limit.
+SELECT o.seq, o.id, 'abandoned' AS state, o.target, o.topic, o.`key`, o.type, o.attempts,
+       o.created_at, NULL AS available_at, o.occurred_at, o.published_at, o.abandoned_at,
+       o.last_error, o.correlation_id
+FROM {table} o FORCE INDEX ({prefix}_abandoned_ix)
+WHERE o.abandoned_at IS NOT NULL AND o.status = 'abandoned' AND o.seq BETWEEN $10 AND $11
+  AND ($1 IS NULL OR o.target = $1)
+  AND ($2 IS NULL OR o.topic = $2)
+  AND ($3 IS NULL OR o.`key` = $3)
+  AND ($4 IS NULL OR o.type = $4)
+  AND ($5 IS NULL OR o.id = $5)
+  AND ($6 IS NULL OR o.correlation_id = $6)
+  AND ($7 IS NULL OR o.causation_id = $7)
+  AND ($8 IS NULL OR o.tenant_id = $8)
+  AND ($9 IS NULL OR o.aggregate_id = $9)
+  AND ($12 IS NULL OR o.created_at >= $12)
+  AND ($13 IS NULL OR o.created_at <= $13)
+ORDER BY o.seq {order}
+LIMIT $14;
+
 -- name: search_key
 -- `search` of one (target, key) ($4 and $6, both given): live rows from the key index in
 -- seq order; finished ones, which no index of this table finds by key, from the indexes
