@@ -102,6 +102,13 @@ def searches(live: int, done: int) -> dict[str, Callable[[Operations], Awaitable
         "correlation id (no index)": lambda ops: ops.search(
             MessageFilter(correlation_id="req-needle")
         ),
+        "overview: stuck messages (1,000)": lambda ops: ops.search(
+            MessageFilter(
+                states=frozenset({MessageState.RETRYING, MessageState.HELD, MessageState.ABANDONED})
+            ),
+            limit=1000,
+        ),
+        "overview: counts": lambda ops: ops.stats(),
     }
 
 

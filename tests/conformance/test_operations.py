@@ -223,3 +223,23 @@ async def test_abandoned_messages_alone_page_both_ways_among_live_ones(backend: 
     keyed = dataclasses.replace(only, key="k2", target="default")
     assert [m.seq for m in (await operations.search(keyed)).messages] == [abandoned[2]]
     assert (await operations.search(dataclasses.replace(only, target="partner"))).messages == []
+
+
+async def test_stuck_messages_are_counted_per_target(backend: Backend) -> None:
+    await write(backend, msg("a"), msg("b"), msg("c"), msg("d"), msg("p", targets=["partner"]))
+    operations = ops(backend)
+    abandoned = await abandon_first(backend)  # a
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)  # b
+    assert await backend.storage.mark_failed(claim.token, [Failure(claim.messages[0].seq, "x", 60)])
+    held = abandoned + 2  # c
+    assert (await operations.act(AuditAction.HOLD, [held], ANA)).changed == 1
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE, targets=["partner"])
+    assert await backend.storage.abandon(claim.token, [Failure(claim.messages[0].seq, "no")])
+    stuck = {s.target: s for s in await operations.stuck()}  # d stays pending, due
+    assert set(stuck) == {"default", "partner"}
+    default, partner = stuck["default"], stuck["partner"]
+    assert (default.retrying, default.held, default.abandoned) == (1, 1, 1)
+    assert (partner.retrying, partner.held, partner.abandoned) == (0, 0, 1)
+    first = await backend.storage.message(abandoned)
+    assert first is not None
+    assert default.oldest_written == first.summary.created_at

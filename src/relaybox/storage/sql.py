@@ -60,6 +60,7 @@ from relaybox.core.inspection import (
     MessageState,
     MessageSummary,
     RelayMember,
+    TargetStuck,
 )
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import DEFAULT_TARGET
@@ -91,6 +92,7 @@ from relaybox.storage.rows import (
     decode_summary,
     lease_token,
     relay_members,
+    stuck_targets,
 )
 from relaybox.storage.urls import DatabaseUrl
 
@@ -708,6 +710,18 @@ class SqlStorage(abc.ABC):
             return True
 
         return await self._run(copy, atomic=True)
+
+    async def stuck_by_target(self) -> list[TargetStuck]:
+        scope = self._STATS_SCOPE
+
+        async def read(session: Session) -> list[TargetStuck]:
+            if scope is not None:  # a pass over every live row, as the counts make
+                await session.execute(scope)
+            live = await session.fetch("stuck_live", self._held)
+            abandoned = await session.fetch("stuck_abandoned")
+            return stuck_targets(live, abandoned)
+
+        return await self._run(read, atomic=scope is not None)
 
     def _held_check(self) -> list[Any]:
         """The held rows' due time, as the only argument of a state's check."""

@@ -696,3 +696,21 @@ ORDER BY minute LIMIT $2;
 DELETE FROM {table}_relay_status
 WHERE updated_at < UTC_TIMESTAMP(6) - INTERVAL ROUND($1 * 1000000) MICROSECOND
 ORDER BY updated_at LIMIT $2;
+
+-- name: stuck_live
+-- $1 the held rows' due time: per target, its live rows that failed at least once
+-- (not in flight) and its held ones, and when the oldest of them was written.
+SELECT target,
+       SUM(available_at < $1), SUM(available_at >= $1), MIN(created_at)
+FROM {table}
+WHERE status IN ('pending', 'processing', 'failed')
+  AND (status = 'failed' OR attempts > 0 OR available_at >= $1)
+  AND NOT (status = 'processing' AND locked_until > UTC_TIMESTAMP(6))
+GROUP BY target;
+
+-- name: stuck_abandoned
+-- Per target, its abandoned rows still kept and the oldest one's written time: from the
+-- abandoned purge's index, which holds them alone.
+SELECT target, COUNT(*), MIN(created_at) FROM {table} FORCE INDEX ({prefix}_abandoned_ix)
+WHERE abandoned_at IS NOT NULL AND status = 'abandoned'
+GROUP BY target;

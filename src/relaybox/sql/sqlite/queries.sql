@@ -750,3 +750,21 @@ DELETE FROM {table}_relay_status WHERE rowid IN (
     SELECT rowid FROM {table}_relay_status
     WHERE updated_at < strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -?1))
     ORDER BY updated_at LIMIT ?2);
+
+-- name: stuck_live
+-- ?1 the held rows' due time: per target, its live rows that failed at least once
+-- (not in flight) and its held ones, and when the oldest of them was written.
+SELECT target,
+       sum(available_at < ?1), sum(available_at >= ?1), min(created_at)
+FROM {table}
+WHERE status IN ('pending', 'processing', 'failed')
+  AND (status = 'failed' OR attempts > 0 OR available_at >= ?1)
+  AND NOT (status = 'processing' AND locked_until > strftime('%Y-%m-%d %H:%M:%f', 'now'))
+GROUP BY target;
+
+-- name: stuck_abandoned
+-- Per target, its abandoned rows still kept and the oldest one's written time: from the
+-- abandoned purge's partial index, which holds them alone.
+SELECT target, count(*), min(created_at) FROM {table} INDEXED BY {prefix}_abandoned_ix
+WHERE status = 'abandoned'
+GROUP BY target;
