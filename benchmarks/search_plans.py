@@ -102,7 +102,8 @@ def searches(live: int, done: int) -> dict[str, Callable[[Operations], Awaitable
         "correlation id (no index)": lambda ops: ops.search(
             MessageFilter(correlation_id="req-needle")
         ),
-        "overview: stuck messages (1,000)": lambda ops: ops.search(
+        "overview: stuck per target": lambda ops: ops.stuck(),
+        "stuck messages, newest 1,000": lambda ops: ops.search(
             MessageFilter(
                 states=frozenset({MessageState.RETRYING, MessageState.HELD, MessageState.ABANDONED})
             ),
