@@ -1,6 +1,6 @@
-"""The console's searches on a PostgreSQL outbox of a million live rows: the plan of
-every statement each search runs, the rows it read and its time, before and after the
-table was analyzed.
+"""The console's searches on an outbox of a million live rows: the plan of every
+statement each search runs, the rows it read and its time (PostgreSQL: before and after
+the tables were analyzed; MariaDB and SQLite with `--dialect`).
 
 The operations module runs each search (relaybox.operations.messages.Operations, as
 the console, the JSON API and `relaybox messages` call it); every statement it sends is
@@ -8,7 +8,13 @@ recorded, then explained with ANALYZE on a session with the relay's settings, in
 transaction rolled back, with the rows both tables' scans read counted from the
 transaction's own statistics.
 
-    .venv/bin/python benchmarks/search_plans.py [--live 1000000] [--done 200000] [--out F]
+MariaDB: the rows read are the session's `Handler_read%` counters around each call, and
+the plans MariaDB's EXPLAIN of every statement. SQLite: every statement run again on a
+connection of its own counts the virtual machine's steps (a step is about one
+instruction; a row read is a few), and its plan is EXPLAIN QUERY PLAN's.
+
+    .venv/bin/python benchmarks/search_plans.py [--dialect postgresql|mysql|sqlite]
+        [--live 1000000] [--done 200000] [--out F]
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import datetime
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -33,8 +40,12 @@ from relaybox.core.inspection import MessageFilter, MessageState
 from relaybox.migrations import migrate
 from relaybox.operations.messages import Operations
 from relaybox.storage.postgres import SESSION_SETTINGS
+from relaybox.tools.bench import SIDE_TABLES
 
-URL = "postgresql://postgres@127.0.0.1:5432/relaybox_bench"
+URLS = {
+    "postgresql": "postgresql://postgres@127.0.0.1:5432/relaybox_bench",
+    "mysql": "mysql://root@127.0.0.1:3306/test",
+}
 TABLE = "search_plans"
 KEYS = 10_000
 RUNS = 5
@@ -91,6 +102,14 @@ def searches(live: int, done: int) -> dict[str, Callable[[Operations], Awaitable
         "correlation id (no index)": lambda ops: ops.search(
             MessageFilter(correlation_id="req-needle")
         ),
+        "overview: stuck per target": lambda ops: ops.stuck(),
+        "stuck messages, newest 1,000": lambda ops: ops.search(
+            MessageFilter(
+                states=frozenset({MessageState.RETRYING, MessageState.HELD, MessageState.ABANDONED})
+            ),
+            limit=1000,
+        ),
+        "overview: counts": lambda ops: ops.stats(),
     }
 
 
@@ -203,48 +222,216 @@ async def measure(url: str, table: str, live: int, done: int, state: str) -> dic
     return found
 
 
+# -- MariaDB and SQLite: one table, finished rows beside the live ones ------------------
+
+#: The columns both fill, with `key` and `partition` quoted as each dialect quotes them.
+_ROW = (
+    "seq, id, target, topic, {key}, {partition}, type, content_type, payload,"
+    " correlation_id, occurred_at, status, available_at, published_at, abandoned_at"
+)
+_SQLITE_ROW = _ROW.format(key='"key"', partition='"partition"')
+_MYSQL_ROW = _ROW.format(key="`key`", partition="`partition`")
+
+
+def fill_mysql(url: str, table: str, live: int, done: int) -> None:
+    import pymysql
+
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", database="test",
+                           autocommit=True)  # fmt: skip
+    total = live + done
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({_MYSQL_ROW})"
+            f" SELECT seq, UUID(), IF(seq % 2 = 0, 'default', 'partner'), 'orders',"
+            f" CONCAT('order-', seq % {KEYS}), CRC32(CONCAT('order-', seq % {KEYS})) & 2147483647,"
+            " 'OrderPlaced', 'application/json', CONCAT('{{\"n\": ', seq, '}}'),"
+            " IF(seq = 777777, 'req-needle', NULL), UTC_TIMESTAMP(6),"
+            f" CASE WHEN seq > {done} THEN 'pending' WHEN seq % 100 = 0 THEN 'abandoned'"
+            " ELSE 'published' END,"
+            f" CASE WHEN seq > {done} AND seq % 1000 = 0 THEN '9999-12-31 00:00:00'"
+            f" WHEN seq > {done} AND seq % 1000 = 500 THEN UTC_TIMESTAMP(6) + INTERVAL 1 DAY"
+            " ELSE UTC_TIMESTAMP(6) END,"
+            f" IF(seq <= {done} AND seq % 100 <> 0, UTC_TIMESTAMP(6), NULL),"
+            f" IF(seq <= {done} AND seq % 100 = 0, UTC_TIMESTAMP(6), NULL)"
+            f" FROM seq_1_to_{total}"
+        )
+    conn.close()
+
+
+def fill_sqlite(path: str, table: str, live: int, done: int) -> None:
+    import sqlite3
+
+    now = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        f"WITH RECURSIVE g(seq) AS (SELECT 1 UNION ALL SELECT seq + 1 FROM g"
+        f" WHERE seq < {live + done})"
+        f" INSERT INTO {table} ({_SQLITE_ROW})"
+        f" SELECT seq, lower(hex(randomblob(16))), CASE WHEN seq % 2 = 0 THEN 'default'"
+        f" ELSE 'partner' END, 'orders', 'order-' || (seq % {KEYS}), seq % {KEYS},"
+        " 'OrderPlaced', 'application/json', CAST('{\"n\": ' || seq || '}' AS BLOB),"
+        f" CASE WHEN seq = 777777 THEN 'req-needle' END, {now},"
+        f" CASE WHEN seq > {done} THEN 'pending' WHEN seq % 100 = 0 THEN 'abandoned'"
+        " ELSE 'published' END,"
+        f" CASE WHEN seq > {done} AND seq % 1000 = 0 THEN '9999-12-31 00:00:00.000'"
+        f" WHEN seq > {done} AND seq % 1000 = 500 THEN strftime('%Y-%m-%d %H:%M:%f',"
+        f" 'now', '+1 day') ELSE {now} END,"
+        f" CASE WHEN seq <= {done} AND seq % 100 <> 0 THEN {now} END,"
+        f" CASE WHEN seq <= {done} AND seq % 100 = 0 THEN {now} END FROM g"
+    )
+    conn.close()
+
+
+async def _mysql_reads(ops: Operations) -> int:
+    storage: Any = ops.storage
+
+    async def read(session: Any) -> int:
+        rows = await session.connection.fetch("SHOW SESSION STATUS LIKE 'Handler_read%'", [])
+        return sum(int(value) for _, value in rows)
+
+    return int(await storage._run(read))
+
+
+def _mysql_plans(sent: list[tuple[str, list[Any]]]) -> list[str]:
+    import pymysql
+
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", database="test")
+    found = []
+    with conn.cursor() as cursor:
+        for query, params in sent:
+            if not query.lstrip().upper().startswith("SELECT"):
+                continue
+            cursor.execute("EXPLAIN " + query, params)
+            for row in cursor.fetchall():
+                # id, select_type, table, type, possible_keys, key, key_len, ref, rows, Extra
+                found.append(f"{row[2]}: {row[3]} {row[5] or ''} {row[9] or ''}".strip())
+    conn.close()
+    return sorted(set(found))
+
+
+def _sqlite_steps(path: str, sent: list[tuple[str, list[Any]]]) -> tuple[int, list[str]]:
+    import sqlite3
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1000
+        return 0
+
+    plans: set[str] = set()
+    try:
+        for query, params in sent:
+            plans.update(str(r[3]) for r in conn.execute(f"EXPLAIN QUERY PLAN {query}", params))
+            conn.set_progress_handler(count, 1000)
+            conn.execute(query, params).fetchall()
+            conn.set_progress_handler(None, 1000)
+    finally:
+        conn.close()
+    return steps, sorted(plans)
+
+
+async def measure_other(
+    dialect: str, url: str, table: str, live: int, done: int, path: str | None
+) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    async with Operations.opened(url, table) as ops:
+        sent = recording(ops)
+        for name, search in searches(live, done).items():
+            times = []
+            read = None
+            for run in range(RUNS):
+                sent.clear()
+                before = await _mysql_reads(ops) if dialect == "mysql" and run == 0 else 0
+                started = time.perf_counter()
+                await search(ops)
+                times.append(time.perf_counter() - started)
+                if dialect == "mysql" and run == 0:
+                    read = await _mysql_reads(ops) - before
+            if dialect == "mysql":
+                plans = _mysql_plans(sent)
+                entry = {"rows_read": read, "plans": plans}
+            else:
+                assert path is not None
+                steps, plans = _sqlite_steps(path, sent)
+                entry = {"vm_steps": steps, "plans": plans}
+            found[name] = {"median_ms": round(statistics.median(times) * 1000, 2),
+                           "statements": len(sent), **entry}  # fmt: skip
+            shown = entry.get("rows_read", entry.get("vm_steps"))
+            print(f"{dialect:>10} {name:<30} {found[name]['median_ms']:>9} ms {shown:>10}  "
+                  f"{plans}", flush=True)  # fmt: skip
+    return found
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default=URL)
+    parser.add_argument("--dialect", choices=["postgresql", "mysql", "sqlite"],
+                        default="postgresql")  # fmt: skip
+    parser.add_argument("--url", default=None)
     parser.add_argument("--live", type=int, default=1_000_000)
     parser.add_argument("--done", type=int, default=200_000)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     table = f"{TABLE}_{int(time.time())}"
-    await migrate(args.url, table=table)
     report: dict[str, Any] = {
-        "benchmark": "search_plans", "command": " ".join(sys.argv),
+        "benchmark": "search_plans", "command": " ".join(sys.argv), "dialect": args.dialect,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(), "live_rows": args.live, "done_rows": args.done,
     }  # fmt: skip
+    if args.dialect == "postgresql":
+        await _postgresql(args.url or URLS["postgresql"], table, args, report)
+    else:
+        await _one_table(args.dialect, table, args, report)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2))
+
+
+async def _one_table(dialect: str, table: str, args: Any, report: dict[str, Any]) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        path = str(Path(folder) / "outbox.db") if dialect == "sqlite" else None
+        url = args.url or (f"sqlite:///{path}" if path else URLS["mysql"])
+        await migrate(url, table=table)
+        try:
+            started = time.perf_counter()
+            if path is not None:
+                fill_sqlite(path, table, args.live, args.done)
+            else:
+                fill_mysql(url, table, args.live, args.done)
+            report["fill_seconds"] = round(time.perf_counter() - started, 1)
+            report["searches"] = await measure_other(
+                dialect, url, table, args.live, args.done, path
+            )
+        finally:
+            if path is None:
+                import pymysql
+
+                conn = pymysql.connect(host="127.0.0.1", port=3306, user="root",
+                                       database="test", autocommit=True)  # fmt: skip
+                with conn.cursor() as cursor:
+                    for name in (*(f"{table}_{side}" for side in SIDE_TABLES), table):
+                        cursor.execute(f"DROP TABLE IF EXISTS {name}")
+                conn.close()
+
+
+async def _postgresql(url: str, table: str, args: Any, report: dict[str, Any]) -> None:
+    await migrate(url, table=table)
     try:
         started = time.perf_counter()
-        fill(args.url, table, args.live, args.done)
+        fill(url, table, args.live, args.done)
         report["fill_seconds"] = round(time.perf_counter() - started, 1)
-        report["never_analyzed"] = await measure(
-            args.url, table, args.live, args.done, "never analyzed"
-        )
-        with psycopg.connect(args.url, autocommit=True) as conn:
+        report["never_analyzed"] = await measure(url, table, args.live, args.done, "never analyzed")
+        with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f"ANALYZE {table}")
             conn.execute(f"ANALYZE {table}_done")
-        report["analyzed"] = await measure(args.url, table, args.live, args.done, "analyzed")
+        report["analyzed"] = await measure(url, table, args.live, args.done, "analyzed")
     finally:
-        with psycopg.connect(args.url, autocommit=True) as conn:
-            for suffix in (
-                "_migrations",
-                "_partitions",
-                "_members",
-                "_done",
-                "_audit",
-                "_backfills",
-                "",
-            ):
-                conn.execute(f"DROP TABLE IF EXISTS {table}{suffix}")
+        with psycopg.connect(url, autocommit=True) as conn:
+            for name in (*(f"{table}_{side}" for side in SIDE_TABLES), table):
+                conn.execute(f"DROP TABLE IF EXISTS {name}")
             conn.execute(f"DROP TYPE IF EXISTS {table}_status")
             for function in sql.functions("postgresql", table):
                 conn.execute(f"DROP FUNCTION IF EXISTS {function}")
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from relaybox.core.inspection import (
     MessageFilter,
     MessageSummary,
     RelayMember,
+    TargetStuck,
 )
 from relaybox.core.message import DEFAULT_TARGET
 from relaybox.core.partitions import DEFAULT_PARTITIONS
@@ -261,6 +262,10 @@ class InspectionStorage(Storage, Protocol):
 
     async def audit(self, *, limit: int, before: int | None = None) -> list[AuditRecord]:
         """Audit records, newest first: up to `limit` with an id below `before`."""
+
+    async def stuck_by_target(self) -> list[TargetStuck]:
+        """Per target (by name) that has any: its retrying, held and abandoned messages,
+        counted in one pass over the live rows and from the abandoned rows' own index."""
 
     async def backfill_job(self, name: str) -> BackfillJob | None:
         """The backfill of this name, or None."""

@@ -3,6 +3,8 @@ dry runs, per-key order on replay and hold, and the audit of every change."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from relaybox.core.inspection import AuditAction, Change, MessageFilter, MessageState
 from relaybox.core.records import Failure
 from relaybox.operations.messages import Operations
@@ -200,3 +202,44 @@ async def test_a_key_searched_without_a_target_is_found_in_every_target(backend:
             after = page.next_after
         expected = [(first, "default"), (first + 2, "partner"), (first + 3, "default")]
         assert seen == (expected[::-1] if newest_first else expected)
+
+
+async def test_abandoned_messages_alone_page_both_ways_among_live_ones(backend: Backend) -> None:
+    await write(backend, *(msg(f"k{n}") for n in range(5)), msg("p", targets=["partner"]))
+    abandoned = [await abandon_first(backend) for _ in range(4)]  # k0..k3; k4 and p stay live
+    operations = ops(backend)
+    only = MessageFilter(states=frozenset({MessageState.ABANDONED}))
+    for newest_first in (True, False):
+        seen: list[int] = []
+        after = None
+        while True:
+            page = await operations.search(only, limit=3, after=after, newest_first=newest_first)
+            assert all(m.state is MessageState.ABANDONED for m in page.messages)
+            seen += [m.seq for m in page.messages]
+            if page.next_after is None:
+                break
+            after = page.next_after
+        assert seen == sorted(abandoned, reverse=newest_first)
+    keyed = dataclasses.replace(only, key="k2", target="default")
+    assert [m.seq for m in (await operations.search(keyed)).messages] == [abandoned[2]]
+    assert (await operations.search(dataclasses.replace(only, target="partner"))).messages == []
+
+
+async def test_stuck_messages_are_counted_per_target(backend: Backend) -> None:
+    await write(backend, msg("a"), msg("b"), msg("c"), msg("d"), msg("p", targets=["partner"]))
+    operations = ops(backend)
+    abandoned = await abandon_first(backend)  # a
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)  # b
+    assert await backend.storage.mark_failed(claim.token, [Failure(claim.messages[0].seq, "x", 60)])
+    held = abandoned + 2  # c
+    assert (await operations.act(AuditAction.HOLD, [held], ANA)).changed == 1
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE, targets=["partner"])
+    assert await backend.storage.abandon(claim.token, [Failure(claim.messages[0].seq, "no")])
+    stuck = {s.target: s for s in await operations.stuck()}  # d stays pending, due
+    assert set(stuck) == {"default", "partner"}
+    default, partner = stuck["default"], stuck["partner"]
+    assert (default.retrying, default.held, default.abandoned) == (1, 1, 1)
+    assert (partner.retrying, partner.held, partner.abandoned) == (0, 0, 1)
+    first = await backend.storage.message(abandoned)
+    assert first is not None
+    assert default.oldest_written == first.summary.created_at

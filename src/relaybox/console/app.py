@@ -25,7 +25,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from relaybox.console import views
 from relaybox.console.backfills import Backfills
 from relaybox.console.guard import COOKIE, SESSION_SECONDS, Authorize, Guard, same_origin
-from relaybox.core.inspection import MAX_PAGE, MessageFilter
 from relaybox.errors import ConfigurationError, RelayboxError, StorageError
 from relaybox.operations import views as shapes
 from relaybox.operations import watch
@@ -51,8 +50,6 @@ _ASSETS = {
     "static/console.css": ("console.css", "text/css; charset=utf-8"),
 }
 
-#: The overview counts stuck messages per target from the newest page of them.
-_STUCK = frozenset(views.STUCK)
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -184,10 +181,8 @@ class _Api:
     async def tables(self, request: Request) -> Response:
         found = []
         for index, table in enumerate(self.operations):
-            stuck = await table.search(MessageFilter(states=_STUCK), limit=MAX_PAGE)
-            more = stuck.next_after is not None
-            stats, relays = await table.stats(), await table.relays()
-            found.append(views.table_json(index, table.name, stats, stuck.messages, more, relays))
+            stats, stuck, relays = await table.stats(), await table.stuck(), await table.relays()
+            found.append(views.table_json(index, table.name, stats, stuck, relays))
         return JSONResponse({"tables": found})
 
     async def search(self, request: Request) -> Response:

@@ -24,8 +24,8 @@ from relaybox.core.inspection import (
     Change,
     MessageFilter,
     MessageState,
-    MessageSummary,
     RelayMember,
+    TargetStuck,
 )
 from relaybox.core.message import Target
 from relaybox.core.records import OutboxStats
@@ -215,28 +215,24 @@ def table_json(
     index: int,
     name: str,
     stats: OutboxStats,
-    stuck: Sequence[MessageSummary],
-    more: bool,
+    stuck: Sequence[TargetStuck],
     relays: Sequence[RelayMember],
 ) -> dict[str, Any]:
     """A table's overview: its counts by status; per target the messages still to
-    deliver and those stuck (`stuck`: the newest retrying, held and abandoned ones, with
-    `more` when there are more than those), with the oldest stuck one's time; and the
-    live relays with the partitions each holds."""
+    deliver and those stuck (retrying, held, abandoned), with the oldest stuck one's
+    time; and the live relays with the partitions each holds."""
     targets: dict[str, dict[str, Any]] = {
         target: _target(live) for target, live in stats.live_by_target.items()
     }
-    for row in stuck:
-        counts = targets.setdefault(row.target, _target(0))
-        counts[str(row.state)] += 1
-        since = counts["stuck_since"]
-        counts["stuck_since"] = min(since, row.created_at) if since else row.created_at
+    for each in stuck:
+        counts = targets.setdefault(each.target, _target(0))
+        counts.update(retrying=each.retrying, held=each.held, abandoned=each.abandoned,
+                      stuck_since=each.oldest_written)  # fmt: skip
     return {
         "index": index,
         "name": name,
         "counts": {str(status): count for status, count in stats.by_status().items()},
-        "held": sum(row.state is MessageState.HELD for row in stuck),
-        "stuck_more": more,
+        "held": stats.held,
         "targets": {
             target: {**counts, "stuck_since": _time(counts["stuck_since"])}
             for target, counts in sorted(targets.items())

@@ -249,3 +249,16 @@ class BackfillJob:
     reason: str | None
     created_at: datetime.datetime
     finished_at: datetime.datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TargetStuck:
+    """One target's messages that wait on something gone wrong: retrying (failed at
+    least once), held, abandoned (those still kept), and when the oldest of them was
+    written."""
+
+    target: str
+    retrying: int
+    held: int
+    abandoned: int
+    oldest_written: datetime.datetime | None

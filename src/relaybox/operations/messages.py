@@ -29,6 +29,7 @@ from relaybox.core.inspection import (
     MessageState,
     MessageSummary,
     RelayMember,
+    TargetStuck,
 )
 from relaybox.core.records import OutboxStats
 from relaybox.errors import ConfigurationError
@@ -157,6 +158,10 @@ class Operations:
 
     async def relays(self) -> list[RelayMember]:
         return await self.storage.relays()
+
+    async def stuck(self) -> list[TargetStuck]:
+        """Per target: its retrying, held and abandoned messages, and the oldest one."""
+        return await self.storage.stuck_by_target()
 
     async def search(
         self,

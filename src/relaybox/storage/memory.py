@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any
 
 from relaybox.core.activity import (
     ACTIVITY_RETENTION,
@@ -46,6 +47,7 @@ from relaybox.core.inspection import (
     MessageState,
     MessageSummary,
     RelayMember,
+    TargetStuck,
 )
 from relaybox.core.lifecycle import LIVE_STATES, Status
 from relaybox.core.message import DEFAULT_TARGET
@@ -587,6 +589,23 @@ class MemoryStorage:
         with self._lock:
             found = [r for r in reversed(self._audit) if before is None or r.id < before]
         return found[:limit]
+
+    async def stuck_by_target(self) -> list[TargetStuck]:
+        stuck = {MessageState.RETRYING: 0, MessageState.HELD: 1, MessageState.ABANDONED: 2}
+        found: dict[str, list[Any]] = {}
+        with self._lock:
+            now = self._clock()
+            for row in self._rows.values():
+                place = stuck.get(self._state(row, now))
+                if place is None:
+                    continue
+                entry = found.setdefault(row.target, [0, 0, 0, row.created_at])
+                entry[place] += 1
+                entry[3] = min(entry[3], row.created_at)
+        return [
+            TargetStuck(target, retrying, held, abandoned, _utc(oldest))
+            for target, (retrying, held, abandoned, oldest) in sorted(found.items())
+        ]
 
     async def backfill_job(self, name: str) -> BackfillJob | None:
         with self._lock:

@@ -18,6 +18,7 @@ from relaybox.core.inspection import (
     MessageState,
     MessageSummary,
     RelayMember,
+    TargetStuck,
 )
 from relaybox.core.records import AbandonedMessage, StoredMessage
 
@@ -262,3 +263,19 @@ def decode_backfill(row: Sequence[Any]) -> BackfillJob:
         reason=reason, created_at=as_utc(created),
         finished_at=None if finished is None else as_utc(finished),
     )  # fmt: skip
+
+
+def stuck_targets(
+    live: Sequence[Sequence[Any]], abandoned: Sequence[Sequence[Any]]
+) -> list[TargetStuck]:
+    """The rows of `stuck_live` (target, retrying, held, oldest written) and of
+    `stuck_abandoned` (target, abandoned, oldest written), one per target."""
+    found: dict[str, list[Any]] = {}
+    for target, retrying, held, oldest in live:
+        found[str(target)] = [int(retrying or 0), int(held or 0), 0, as_utc(oldest)]
+    for target, count, oldest in abandoned:
+        entry = found.setdefault(str(target), [0, 0, 0, None])
+        entry[2] = int(count)
+        written = as_utc(oldest)
+        entry[3] = written if entry[3] is None else min(entry[3], written)
+    return [TargetStuck(target, *entry) for target, entry in sorted(found.items())]

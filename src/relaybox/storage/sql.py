@@ -57,8 +57,10 @@ from relaybox.core.inspection import (
     Change,
     MessageDetail,
     MessageFilter,
+    MessageState,
     MessageSummary,
     RelayMember,
+    TargetStuck,
 )
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import DEFAULT_TARGET
@@ -90,6 +92,7 @@ from relaybox.storage.rows import (
     decode_summary,
     lease_token,
     relay_members,
+    stuck_targets,
 )
 from relaybox.storage.urls import DatabaseUrl
 
@@ -611,8 +614,17 @@ class SqlStorage(abc.ABC):
                 )  # fmt: skip
             found.sort(key=lambda m: m.seq, reverse=newest_first)
             return found[:limit]
+        order = "_desc" if newest_first else "_asc"
+        if where.states == _ABANDONED and f"search_abandoned{order}" in self._queries:
+            rows = await self._fetch(
+                f"search_abandoned{order}", where.target, where.topic, where.key, where.type,
+                None if where.id is None else self._value(where.id), where.correlation_id,
+                where.causation_id, where.tenant_id, where.aggregate_id, *bounds,
+                self._time(where.since), self._time(where.until), limit,
+            )  # fmt: skip
+            return [decode_summary(row) for row in rows]
         keyed = where.target is not None and where.key is not None
-        name = ("search_key" if keyed else "search") + ("_desc" if newest_first else "_asc")
+        name = ("search_key" if keyed else "search") + order
         states = ",".join(sorted(where.states)) or None
         args = (
             name, where.wants_live, where.wants_finished, states, where.target, where.topic,
@@ -698,6 +710,18 @@ class SqlStorage(abc.ABC):
             return True
 
         return await self._run(copy, atomic=True)
+
+    async def stuck_by_target(self) -> list[TargetStuck]:
+        scope = self._STATS_SCOPE
+
+        async def read(session: Session) -> list[TargetStuck]:
+            if scope is not None:  # a pass over every live row, as the counts make
+                await session.execute(scope)
+            live = await session.fetch("stuck_live", self._held)
+            abandoned = await session.fetch("stuck_abandoned")
+            return stuck_targets(live, abandoned)
+
+        return await self._run(read, atomic=scope is not None)
 
     def _held_check(self) -> list[Any]:
         """The held rows' due time, as the only argument of a state's check."""
@@ -792,6 +816,11 @@ class SqlStorage(abc.ABC):
         return await self._purge_in_batches(
             (("activity_purge", older_than), ("relay_status_purge", older_than)), batch_size
         )
+
+
+#: A search of these states alone reads the abandoned rows' own index, where the
+#: dialect has one over the table the live rows share (MariaDB, SQLite).
+_ABANDONED = frozenset({MessageState.ABANDONED})
 
 
 def assignment(

@@ -268,7 +268,6 @@ function tableSection(table, activity) {
       el("tr", {}, el("th", {}, "held (of the above)"), el("td", {}, count(table.held, { state: "held" })))),
     el("h3", {}, "By target: still to deliver, and stuck"),
     targets.length ? el("table", { class: "targets" }, targetHead, targets) : el("p", { class: "note" }, "Nothing."),
-    table.stuck_more ? el("p", { class: "note" }, "Stuck counts are of the newest 1000 stuck messages.") : null,
     el("p", { class: "note", id: "oldest-pending" },
       `Oldest due message waits: ${table.oldest_pending_age === null ? "—" : `${table.oldest_pending_age.toFixed(1)} s`}; `
       + `leases held: ${table.active_leases}`),

@@ -293,6 +293,32 @@ WHERE $3 IS NULL OR FIND_IN_SET(s.state, $3) > 0
 ORDER BY s.seq {order}
 LIMIT $17;
 
+-- name: search_abandoned
+-- `search` of abandoned rows only: they come from the abandoned purge's index, which holds
+-- them and no other row, sorted by seq here. Abandoned rows are the few that went
+-- wrong, where a walk of the primary key would pass over every live and published row first.
+-- $1 target, $2 topic, $3 key, $4 type, $5 id, $6 correlation, $7 causation, $8 tenant,
+-- $9 aggregate (each NULL: any), $10 and $11 the seq range, $12 and $13 the written
+-- range (NULL: open), $14 limit.
+SELECT o.seq, o.id, 'abandoned' AS state, o.target, o.topic, o.`key`, o.type, o.attempts,
+       o.created_at, NULL AS available_at, o.occurred_at, o.published_at, o.abandoned_at,
+       o.last_error, o.correlation_id
+FROM {table} o FORCE INDEX ({prefix}_abandoned_ix)
+WHERE o.abandoned_at IS NOT NULL AND o.status = 'abandoned' AND o.seq BETWEEN $10 AND $11
+  AND ($1 IS NULL OR o.target = $1)
+  AND ($2 IS NULL OR o.topic = $2)
+  AND ($3 IS NULL OR o.`key` = $3)
+  AND ($4 IS NULL OR o.type = $4)
+  AND ($5 IS NULL OR o.id = $5)
+  AND ($6 IS NULL OR o.correlation_id = $6)
+  AND ($7 IS NULL OR o.causation_id = $7)
+  AND ($8 IS NULL OR o.tenant_id = $8)
+  AND ($9 IS NULL OR o.aggregate_id = $9)
+  AND ($12 IS NULL OR o.created_at >= $12)
+  AND ($13 IS NULL OR o.created_at <= $13)
+ORDER BY o.seq {order}
+LIMIT $14;
+
 -- name: search_key
 -- `search` of one (target, key) ($4 and $6, both given): live rows from the key index in
 -- seq order; finished ones, which no index of this table finds by key, from the indexes
@@ -670,3 +696,21 @@ ORDER BY minute LIMIT $2;
 DELETE FROM {table}_relay_status
 WHERE updated_at < UTC_TIMESTAMP(6) - INTERVAL ROUND($1 * 1000000) MICROSECOND
 ORDER BY updated_at LIMIT $2;
+
+-- name: stuck_live
+-- $1 the held rows' due time: per target, its live rows that failed at least once
+-- (not in flight) and its held ones, and when the oldest of them was written.
+SELECT target,
+       SUM(available_at < $1), SUM(available_at >= $1), MIN(created_at)
+FROM {table}
+WHERE status IN ('pending', 'processing', 'failed')
+  AND (status = 'failed' OR attempts > 0 OR available_at >= $1)
+  AND NOT (status = 'processing' AND locked_until > UTC_TIMESTAMP(6))
+GROUP BY target;
+
+-- name: stuck_abandoned
+-- Per target, its abandoned rows still kept and the oldest one's written time: from the
+-- abandoned purge's index, which holds them alone.
+SELECT target, COUNT(*), MIN(created_at) FROM {table} FORCE INDEX ({prefix}_abandoned_ix)
+WHERE abandoned_at IS NOT NULL AND status = 'abandoned'
+GROUP BY target;

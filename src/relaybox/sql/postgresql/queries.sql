@@ -880,3 +880,23 @@ DELETE FROM {table}_relay_status WHERE (worker, target) IN (
     SELECT worker, target FROM {table}_relay_status
     WHERE updated_at < now() - $1::float8 * interval '1 second'
     ORDER BY updated_at LIMIT $2::integer);
+
+-- name: stuck_live
+-- $1 the held rows' due time: per target, its live rows that failed at least once
+-- (not in flight) and its held ones, and when the oldest of them was written. One pass
+-- over the live rows, in the counts' transaction (sequential scans on).
+SELECT target,
+       count(*) FILTER (WHERE available_at < $1::timestamptz),
+       count(*) FILTER (WHERE available_at >= $1::timestamptz),
+       min(created_at)
+FROM {table}
+WHERE (status = 'failed' OR attempts > 0 OR available_at >= $1::timestamptz)
+  AND NOT (status = 'processing' AND locked_until > now())
+GROUP BY target;
+
+-- name: stuck_abandoned
+-- Per target, its abandoned rows still kept and the oldest one's written time: from the
+-- abandoned purge's partial index, which holds them alone.
+SELECT target, count(*), min(created_at) FROM {table}_done
+WHERE abandoned_at IS NOT NULL AND status = 'abandoned'
+GROUP BY target;
