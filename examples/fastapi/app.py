@@ -43,7 +43,7 @@ async def place_order(order: Order) -> dict[str, str]:
     order_id = str(uuid.uuid4())
     async with aiosqlite.connect(DB) as db:
         await db.execute(
-            "INSERT INTO orders VALUES (?, ?, ?)", (order_id, *order.model_dump().values())
+            "INSERT INTO orders VALUES (?, ?, ?)", (order_id, order.customer, order.total)
         )
         event = Message(
             topic="orders", key=order_id, payload={"id": order_id, **order.model_dump()}
