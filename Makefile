@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 
 types: install
 	$(BIN)/mypy
