@@ -38,7 +38,7 @@ def configure(sqlite_path: Path) -> None:
                     "PASSWORD": "",
                 },
             },
-            INSTALLED_APPS=[],
+            INSTALLED_APPS=["relaybox.integrations.django", "tests.integration.djangoshop"],
             USE_TZ=True,
         )
         django.setup()

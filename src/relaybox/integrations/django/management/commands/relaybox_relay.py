@@ -1,0 +1,49 @@
+"""`manage.py relaybox_relay`: the relay of `relaybox relay`, configured from
+settings.RELAYBOX: the outbox table on Django's database, the brokers by target, the
+relay options."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from relaybox.cli.relay import catch_early_signals, relay_settings, serve
+from relaybox.errors import ConfigurationError, RelayboxError
+from relaybox.integrations.django.conf import settings
+from relaybox.integrations.django.management.setup import database_url
+from relaybox.observability.http import parse_address
+from relaybox.relay.engine import Relay
+
+
+class Command(BaseCommand):  # type: ignore[misc]
+    help = (
+        "Deliver committed outbox messages to the brokers of RELAYBOX['BROKERS'] until "
+        "SIGTERM or SIGINT."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--http", metavar="HOST:PORT",
+            help="Serve /metrics, /api/outbox, /healthz and /readyz there.",
+        )  # fmt: skip
+        parser.add_argument("--max-seconds", type=float, help="Stop after this long.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        catch_early_signals()
+        try:
+            conf = settings()
+            if not conf.brokers:
+                raise ConfigurationError(
+                    "settings.RELAYBOX['BROKERS'] names no broker: give {target: URL}"
+                )
+            tuning = relay_settings(**conf.relay)
+            address = None if options["http"] is None else parse_address(options["http"])
+            relay = Relay(
+                [database_url(conf.database)], dict(conf.brokers),
+                table=conf.outbox_table, settings=tuning,
+            )  # fmt: skip
+            asyncio.run(serve(relay, max_seconds=options["max_seconds"], http=address))
+        except RelayboxError as error:
+            raise CommandError(str(error)) from error
