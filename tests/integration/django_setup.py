@@ -40,6 +40,7 @@ def configure(sqlite_path: Path) -> None:
             },
             INSTALLED_APPS=["relaybox.integrations.django", "tests.integration.djangoshop"],
             USE_TZ=True,
+            DEFAULT_AUTO_FIELD="django.db.models.AutoField",
         )
         django.setup()
         _configured = True

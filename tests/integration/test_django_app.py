@@ -34,6 +34,7 @@ from tests.migration.test_migrations import _catalog
 from tests.relay_support import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
+SECRET = "s3cret-of-the-broker"
 _ALIASES = {"postgresql": "pg", "mysql": "mysql", "sqlite": "default"}
 
 
@@ -243,8 +244,9 @@ def _command(
     )  # fmt: skip
 
 
-def _stopped(process: subprocess.Popen[str]) -> str:
-    """Send SIGTERM; the process must exit cleanly within seconds. Its output."""
+def _stopped(process: subprocess.Popen[str], *, exits: tuple[int, ...] = (0,)) -> str:
+    """Send SIGTERM; the process must exit cleanly (with one of `exits`) within
+    seconds. Its output."""
     process.send_signal(signal.SIGTERM)
     try:
         output, _ = process.communicate(timeout=20)
@@ -252,7 +254,7 @@ def _stopped(process: subprocess.Popen[str]) -> str:
         process.kill()
         output, _ = process.communicate()
         raise AssertionError(f"still running 20 s after SIGTERM:\n{output}") from None
-    assert process.returncode == 0, output
+    assert process.returncode in exits, output
     return output
 
 
@@ -268,7 +270,12 @@ async def test_the_relay_command_delivers_and_stops_on_sigterm(tmp_path: Path) -
     sink = tmp_path / "delivered.jsonl"
     relaybox = {
         **_tables(),
-        "BROKERS": {"default": f"file://{sink}"},
+        # A second target on a server that is down: its errors are logged, its
+        # password never.
+        "BROKERS": {
+            "default": f"file://{sink}",
+            "audit": f"nats://relay:{SECRET}@127.0.0.1:1?connect_timeout=0.5",
+        },
         "RELAY": {"idle_interval": 0.05, "activity_interval": None},
     }
     db = _migrated(tmp_path, relaybox)
@@ -283,6 +290,8 @@ async def test_the_relay_command_delivers_and_stops_on_sigterm(tmp_path: Path) -
     finally:
         output = _stopped(relay)
     assert "stopped" in output
+    assert "127.0.0.1:1" in output  # the down server was logged
+    assert SECRET not in output
     lines = [json.loads(line) for line in sink.read_text().splitlines()]
     assert [(line["id"], line["data"]) for line in lines] == [(str(message.id), {"item": "book"})]
 
@@ -319,3 +328,29 @@ async def test_the_consume_command_applies_a_message_once(tmp_path: Path) -> Non
             output = _stopped(consumer)
         assert "consumer billing stopped" in output
         assert orders() == [(str(message.id),)]
+
+
+async def test_the_console_command_serves_the_outbox_and_inbox_of_the_settings(
+    tmp_path: Path,
+) -> None:
+    from tests.brokers.harness import free_port
+    from tests.console.test_command import _call
+
+    consumer = {"URL": "nats://127.0.0.1:4222", "HANDLERS": {"*": "unused.handler"}}
+    relaybox = {**_tables(), "CONSUMERS": {"billing": consumer}}
+    db = _migrated(tmp_path, relaybox)
+    port = free_port()
+    console = _command(tmp_path, db, relaybox, "relaybox_console", "--listen", str(port))
+    try:
+        await eventually(lambda: _call(port, "/api/session")[0] == 200, timeout=30)
+        assert _call(port, "/api/session")[1]["changes"] is False  # no token: read-only
+        status, tables = _call(port, "/api/tables")
+        assert status == 200
+        assert relaybox["OUTBOX_TABLE"] in json.dumps(tables)
+        status, inboxes = _call(port, "/api/inboxes")
+        assert status == 200
+        assert relaybox["INBOX_TABLE"] in json.dumps(inboxes)
+    finally:
+        # uvicorn shuts down, then raises the signal again, as `relaybox console` does.
+        output = _stopped(console, exits=(0, -signal.SIGTERM))
+    assert "relaybox console on http://127.0.0.1:" in output

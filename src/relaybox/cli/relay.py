@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
 import signal
 from typing import Any, TypeVar
 
@@ -251,9 +250,7 @@ def relay(
     line, where every user of the machine can read them; an environment variable is
     read only when neither of its options is given."""
     catch_early_signals()  # until the event loop takes over
-    handler = logging.StreamHandler()
-    handler.setFormatter(logs := urls.MaskingFormatter("%(asctime)s %(levelname)s %(message)s"))
-    logging.basicConfig(level=log_level.upper(), handlers=[handler])
+    logs = urls.masked_logging(log_level)
     try:
         settings = RelaySettings(
             batch_size=batch_size, max_in_flight=max_in_flight, lease_seconds=lease_seconds,

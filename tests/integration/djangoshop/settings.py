@@ -12,3 +12,4 @@ DATABASES = {
 }
 RELAYBOX = json.loads(os.environ["RELAYBOX_TEST_SETTINGS"])
 USE_TZ = True
+DEFAULT_AUTO_FIELD = "django.db.models.AutoField"

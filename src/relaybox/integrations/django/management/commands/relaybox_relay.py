@@ -10,6 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from relaybox.cli.relay import catch_early_signals, relay_settings, serve
+from relaybox.cli.urls import masked_logging
 from relaybox.errors import ConfigurationError, RelayboxError
 from relaybox.integrations.django.conf import settings
 from relaybox.integrations.django.management.setup import database_url
@@ -29,6 +30,11 @@ class Command(BaseCommand):  # type: ignore[misc]
             help="Serve /metrics, /api/outbox, /healthz and /readyz there.",
         )  # fmt: skip
         parser.add_argument("--max-seconds", type=float, help="Stop after this long.")
+        parser.add_argument(
+            "--log-level", default="INFO",
+            help="Where the project configured no logging: log at this level to stderr, "
+            "with URLs masked.",
+        )  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
         catch_early_signals()
@@ -40,10 +46,9 @@ class Command(BaseCommand):  # type: ignore[misc]
                 )
             tuning = relay_settings(**conf.relay)
             address = None if options["http"] is None else parse_address(options["http"])
-            relay = Relay(
-                [database_url(conf.database)], dict(conf.brokers),
-                table=conf.outbox_table, settings=tuning,
-            )  # fmt: skip
+            database = database_url(conf.database)
+            masked_logging(options["log_level"]).hide([database, *conf.brokers.values()])
+            relay = Relay([database], dict(conf.brokers), table=conf.outbox_table, settings=tuning)
             asyncio.run(serve(relay, max_seconds=options["max_seconds"], http=address))
         except RelayboxError as error:
             raise CommandError(str(error)) from error
