@@ -354,3 +354,58 @@ async def test_the_console_command_serves_the_outbox_and_inbox_of_the_settings(
         # uvicorn shuts down, then raises the signal again, as `relaybox console` does.
         output = _stopped(console, exits=(0, -signal.SIGTERM))
     assert "relaybox console on http://127.0.0.1:" in output
+
+
+def test_the_commands_reach_the_orm_database_or_the_url_given(tmp_path: Path) -> None:
+    from django.db import connections
+    from django.test.utils import override_settings
+
+    from relaybox.integrations.django.conf import settings
+    from relaybox.integrations.django.management.setup import database_url
+    from relaybox.storage.urls import DatabaseUrl
+    from tests.integration.django_setup import configure
+
+    configure(tmp_path / "orm.db")
+    with override_settings(RELAYBOX={"DATABASE": "pg"}):
+        assert database_url(settings()) == "postgresql://postgres@127.0.0.1:5432/test"
+    with override_settings(RELAYBOX={}):
+        assert database_url(settings()) == f"sqlite:///{tmp_path / 'orm.db'}"
+    given = connections["mysql"].settings_dict
+    with override_settings(RELAYBOX={"DATABASE": "mysql"}):
+        given["PASSWORD"] = "p@ss/w:rd?"
+        try:
+            url = DatabaseUrl.parse(database_url(settings()))
+        finally:
+            given["PASSWORD"] = ""
+        assert (url.dialect, url.host, url.port, url.user) == ("mysql", "127.0.0.1", 3306, "root")
+        assert (url.password, url.database) == ("p@ss/w:rd?", "test")
+    socket = "postgresql://shop@/shop?host=/run/postgresql"
+    with override_settings(RELAYBOX={"DATABASE": "pg", "DATABASE_URL": socket}):
+        assert database_url(settings()) == socket
+    with (
+        override_settings(RELAYBOX={"DATABASE": "nowhere"}),
+        pytest.raises(ConfigurationError, match="no database 'nowhere'"),
+    ):
+        database_url(settings())
+
+
+def test_tables_at_a_newer_schema_than_this_relaybox_knows_are_left_alone(
+    tmp_path: Path,
+) -> None:
+    from django.core.management import call_command
+    from django.test.utils import override_settings
+
+    from relaybox.errors import SchemaError
+
+    with (
+        fresh_database("sqlite", tmp_path) as (alias, url),
+        override_settings(RELAYBOX=(tables := _tables())),
+    ):
+        outbox = tables["OUTBOX_TABLE"]
+        asyncio.run(migrate(url, table=outbox))
+        rows = f"SELECT version FROM {outbox}_migrations ORDER BY version"
+        with contextlib.closing(sqlite3.connect(tmp_path / "django.db")) as lite, lite:
+            lite.execute(f"INSERT INTO {outbox}_migrations (version, name) VALUES (99, 'later')")
+        with pytest.raises(SchemaError, match="newer than this relaybox knows"):
+            call_command("migrate", "relaybox", database=alias, verbosity=0)
+        assert fetch_all(url, rows)[-1] == (99,)

@@ -2,6 +2,7 @@
 
     RELAYBOX = {
         "DATABASE": "default",              # the alias whose database holds the tables
+        "DATABASE_URL": None,               # how the commands reach it, if not from DATABASES
         "OUTBOX_TABLE": "outbox",
         "INBOX_TABLE": "inbox",
         "TARGETS": ["orders", "audit"],     # None: the one target "default"
@@ -34,7 +35,7 @@ from relaybox.core.identifiers import DEFAULT_INBOX, DEFAULT_TABLE, validate_tab
 from relaybox.errors import ConfigurationError
 
 _KEYS = frozenset({
-    "DATABASE", "OUTBOX_TABLE", "INBOX_TABLE", "TARGETS", "DEFAULT_TARGETS", "NOTIFY",
+    "DATABASE", "DATABASE_URL", "OUTBOX_TABLE", "INBOX_TABLE", "TARGETS", "DEFAULT_TARGETS", "NOTIFY",
     "BROKERS", "RELAY", "CONSUMERS",
 })  # fmt: skip
 _CONSUMER_KEYS = frozenset({"URL", "HANDLERS", "OPTIONS", "INBOX"})
@@ -57,6 +58,9 @@ class ConsumerSettings:
 @dataclasses.dataclass(frozen=True, slots=True)
 class RelayboxSettings:
     database: str = "default"
+    #: The URL relaybox's own drivers (the relay, the console, the consumers'
+    #: maintenance) reach `database` by; None: built from DATABASES.
+    database_url: str | None = None
     outbox_table: str = DEFAULT_TABLE
     inbox_table: str = DEFAULT_INBOX
     targets: tuple[str, ...] | None = None
@@ -77,6 +81,7 @@ def settings() -> RelayboxSettings:
     _known(raw, _KEYS, "settings.RELAYBOX")
     return RelayboxSettings(
         database=_text(raw, "DATABASE", "default"),
+        database_url=None if raw.get("DATABASE_URL") is None else _text(raw, "DATABASE_URL", ""),
         outbox_table=validate_table_name(_text(raw, "OUTBOX_TABLE", DEFAULT_TABLE)),
         inbox_table=validate_table_name(_text(raw, "INBOX_TABLE", DEFAULT_INBOX)),
         targets=_names(raw, "TARGETS"),

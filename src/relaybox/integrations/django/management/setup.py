@@ -12,13 +12,20 @@ from collections.abc import Iterator
 from django.db import connections
 
 from relaybox.errors import ConfigurationError
+from relaybox.integrations.django.conf import RelayboxSettings
+from relaybox.storage.urls import DatabaseUrl
 
 _SCHEMES = {"postgresql": "postgresql", "mysql": "mysql"}
 
 
-def database_url(alias: str) -> str:
-    """The URL relaybox's async drivers reach Django's database `alias` by: the same
-    server, database, user and password as the ORM's (from DATABASES)."""
+def database_url(conf: RelayboxSettings) -> str:
+    """The URL relaybox's async drivers reach the settings' database by: `DATABASE_URL`
+    where given, else the server, database, user and password of its DATABASES entry
+    (over TCP; a Unix socket or TLS options need `DATABASE_URL`)."""
+    if conf.database_url is not None:
+        DatabaseUrl.parse(conf.database_url)  # a bad one fails here, masked
+        return conf.database_url
+    alias = conf.database
     if alias not in connections:
         raise ConfigurationError(f"settings.RELAYBOX['DATABASE']: no database {alias!r}")
     connection = connections[alias]

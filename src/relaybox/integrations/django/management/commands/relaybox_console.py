@@ -30,7 +30,7 @@ class Command(BaseCommand):  # type: ignore[misc]
         try:
             conf = settings()
             host, port = listen_address(options["listen"])
-            url = database_url(conf.database)
+            url = database_url(conf)
             inboxes = [InboxWatch(url, conf.inbox_table)] if conf.consumers else []
             token = read_token(options["token_file"])
             work = serve([url], conf.outbox_table, inboxes, host, port, token=token,

@@ -46,7 +46,7 @@ class Command(BaseCommand):  # type: ignore[misc]
                 )
             tuning = relay_settings(**conf.relay)
             address = None if options["http"] is None else parse_address(options["http"])
-            database = database_url(conf.database)
+            database = database_url(conf)
             masked_logging(options["log_level"]).hide([database, *conf.brokers.values()])
             relay = Relay([database], dict(conf.brokers), table=conf.outbox_table, settings=tuning)
             asyncio.run(serve(relay, max_seconds=options["max_seconds"], http=address))
