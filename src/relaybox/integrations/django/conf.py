@@ -35,8 +35,8 @@ from relaybox.core.identifiers import DEFAULT_INBOX, DEFAULT_TABLE, validate_tab
 from relaybox.errors import ConfigurationError
 
 _KEYS = frozenset({
-    "DATABASE", "DATABASE_URL", "OUTBOX_TABLE", "INBOX_TABLE", "TARGETS", "DEFAULT_TARGETS", "NOTIFY",
-    "BROKERS", "RELAY", "CONSUMERS",
+    "DATABASE", "DATABASE_URL", "OUTBOX_TABLE", "INBOX_TABLE", "TARGETS", "DEFAULT_TARGETS",
+    "NOTIFY", "BROKERS", "RELAY", "CONSUMERS",
 })  # fmt: skip
 _CONSUMER_KEYS = frozenset({"URL", "HANDLERS", "OPTIONS", "INBOX"})
 #: The `HANDLERS` key of the handler that takes every type without a handler of its own.
@@ -58,8 +58,8 @@ class ConsumerSettings:
 @dataclasses.dataclass(frozen=True, slots=True)
 class RelayboxSettings:
     database: str = "default"
-    #: The URL relaybox's own drivers (the relay, the console, the consumers'
-    #: maintenance) reach `database` by; None: built from DATABASES.
+    #: The URL by which relaybox's own drivers (the relay's, the console's) reach
+    #: `database`; None: built from DATABASES.
     database_url: str | None = None
     outbox_table: str = DEFAULT_TABLE
     inbox_table: str = DEFAULT_INBOX
