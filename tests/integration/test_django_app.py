@@ -379,6 +379,14 @@ def test_the_commands_reach_the_orm_database_or_the_url_given(tmp_path: Path) ->
             given["PASSWORD"] = ""
         assert (url.dialect, url.host, url.port, url.user) == ("mysql", "127.0.0.1", 3306, "root")
         assert (url.password, url.database) == ("p@ss/w:rd?", "test")
+    pg = connections["pg"].settings_dict
+    with override_settings(RELAYBOX={"DATABASE": "pg"}):
+        pg["HOST"] = "/run/postgresql"
+        try:
+            with pytest.raises(ConfigurationError, match=r"a Unix socket: .*'DATABASE_URL'"):
+                database_url(settings())
+        finally:
+            pg["HOST"] = "127.0.0.1"
     socket = "postgresql://shop@/shop?host=/run/postgresql"
     with override_settings(RELAYBOX={"DATABASE": "pg", "DATABASE_URL": socket}):
         assert database_url(settings()) == socket

@@ -32,11 +32,13 @@ def database_url(conf: RelayboxSettings) -> str:
     given = connection.settings_dict
     name = str(given.get("NAME") or "")
     if connection.vendor == "sqlite":
-        if not name or name == ":memory:" or name.startswith("file:"):
+        if not name or name == ":memory:" or "mode=memory" in name:
             raise ConfigurationError(
                 f"database {alias!r} is an in-memory SQLite database, which no other "
                 "connection can reach: give it a file"
             )
+        if name.startswith("file:"):
+            raise _needs_url(alias, "a SQLite URI filename")
         return f"sqlite:///{name}"
     scheme = _SCHEMES.get(connection.vendor)
     if scheme is None:
@@ -47,9 +49,18 @@ def database_url(conf: RelayboxSettings) -> str:
     password = urllib.parse.quote(str(given.get("PASSWORD") or ""), safe="")
     credentials = f"{user}:{password}@" if password else f"{user}@" if user else ""
     host = str(given.get("HOST") or "127.0.0.1")
+    if host.startswith("/"):
+        raise _needs_url(alias, "a Unix socket")
     host = f"[{host}]" if ":" in host else host
     port = f":{given['PORT']}" if given.get("PORT") else ""
     return f"{scheme}://{credentials}{host}{port}/{urllib.parse.quote(name, safe='')}"
+
+
+def _needs_url(alias: str, what: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"database {alias!r} is reached through {what}: give relaybox's URL for it in "
+        "settings.RELAYBOX['DATABASE_URL']"
+    )
 
 
 @contextlib.contextmanager
