@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.db import router
-from django.db.migrations.exceptions import IrreversibleError
 from django.db.migrations.operations.base import Operation
 
 from relaybox import sql
@@ -61,17 +60,15 @@ class ApplySchema(Operation):  # type: ignore[misc]
             table = conf.outbox_table if self.kind == "outbox" else conf.inbox_table
             apply(connection, self.kind, table, self.version)
 
-    def database_backwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        raise IrreversibleError(
-            f"relaybox's {self.kind} tables cannot be migrated backwards: relaybox has no "
-            "down migrations, and dropping them would drop undelivered messages. Drop them "
-            "by hand if that is what you want."
-        )
-
     def describe(self) -> str:
         return f"relaybox's {self.kind} tables at schema version {self.version}"
+
+    def __str__(self) -> str:
+        """What Django's refusal to migrate backwards names: why it is refused."""
+        return (
+            f"{self.describe()} (relaybox has no down migrations, and dropping the tables "
+            "would drop the messages they hold: drop them by hand if that is what you want)"
+        )
 
 
 def dialect_of(connection: Any) -> sql.Dialect:
