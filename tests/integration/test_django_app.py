@@ -417,3 +417,38 @@ def test_tables_at_a_newer_schema_than_this_relaybox_knows_are_left_alone(
         with pytest.raises(SchemaError, match="newer than this relaybox knows"):
             call_command("migrate", "relaybox", database=alias, verbosity=0)
         assert fetch_all(url, rows)[-1] == (99,)
+
+
+@pytest.mark.parametrize(
+    ("consumer", "error"),
+    [
+        ({"URL": "nats://127.0.0.1:4222", "HANDLERS": {"*": "no.such.module"}},
+         "consumer 'billing': No module named 'no'"),
+        ({"URL": "nats://127.0.0.1:4222",
+          "HANDLERS": {"*": "tests.integration.djangoshop.handlers.record_order_async"}},
+         "plain `def` functions, not `async def`"),
+        ({"URL": "gopher://127.0.0.1:70",
+          "HANDLERS": {"*": "tests.integration.djangoshop.handlers.record_order"}},
+         "URL scheme 'gopher' is not one of amqp, amqps, kafka"),
+        ({"URL": "nats://127.0.0.1:4222", "INBOX": {"mood": "id"},
+          "HANDLERS": {"*": "tests.integration.djangoshop.handlers.record_order"}},
+         "consumer 'billing' INBOX: .*'mood'"),
+        ({"URL": "nats://127.0.0.1:4222", "OPTIONS": {"streem": "ORDERS"},
+          "HANDLERS": {"*": "tests.integration.djangoshop.handlers.record_order"}},
+         "consumer 'billing' OPTIONS: .*'streem'"),
+    ],
+)  # fmt: skip
+def test_the_consume_command_refuses_a_consumer_it_cannot_build(
+    consumer: dict[str, Any], error: str, tmp_path: Path
+) -> None:
+    from django.core.management import CommandError, call_command
+    from django.test.utils import override_settings
+
+    from tests.integration.django_setup import configure
+
+    configure(tmp_path / "unused.db")
+    with override_settings(RELAYBOX={"CONSUMERS": {"billing": consumer}}):
+        with pytest.raises(CommandError, match=error):
+            call_command("relaybox_consume", "billing")
+        with pytest.raises(CommandError, match=r"no consumer 'shipping' \(configured: billing\)"):
+            call_command("relaybox_consume", "shipping")

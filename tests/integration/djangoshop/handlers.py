@@ -12,3 +12,7 @@ def record_order(message: Incoming, connection: Any) -> None:
     from tests.integration.djangoshop.models import Order
 
     Order.objects.using(connection.alias).create(item=message.id)
+
+
+async def record_order_async(message: Incoming, connection: Any) -> None:
+    """A handler the consume command refuses: Django's transactions are sync."""

@@ -55,10 +55,9 @@ class Command(BaseCommand):  # type: ignore[misc]
                     f"settings.RELAYBOX['CONSUMERS'] has no consumer {options['name']!r} "
                     f"(configured: {known})"
                 )
-            inbox = Inbox(consumer=given.name, table=conf.inbox_table, **given.inbox)
-            consumer = _consumer(given, inbox, conf.database)
+            consumer = _consumer(given, _inbox(given, conf.inbox_table), conf.database)
             asyncio.run(self._run(_broker(given, consumer), options["max_seconds"]))
-        except RelayboxError as error:
+        except (RelayboxError, TimeoutError) as error:  # TimeoutError: it never started
             raise CommandError(str(error)) from error
 
     async def _run(self, broker: BrokerConsumer, max_seconds: float | None) -> None:
@@ -68,6 +67,14 @@ class Command(BaseCommand):  # type: ignore[misc]
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), max_seconds)
         self.stdout.write(f"consumer {broker.consumer.inbox.consumer} stopped")
+
+
+def _inbox(given: ConsumerSettings, table: str) -> Inbox:
+    """The consumer's inbox: its name, the settings' table, its `INBOX` options."""
+    try:
+        return Inbox(consumer=given.name, table=table, **given.inbox)
+    except TypeError as error:  # an option Inbox does not take
+        raise ConfigurationError(f"consumer {given.name!r} INBOX: {error}") from None
 
 
 def _consumer(given: ConsumerSettings, inbox: Inbox, database: str) -> Consumer:
