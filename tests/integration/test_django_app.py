@@ -452,3 +452,29 @@ def test_the_consume_command_refuses_a_consumer_it_cannot_build(
             call_command("relaybox_consume", "billing")
         with pytest.raises(CommandError, match=r"no consumer 'shipping' \(configured: billing\)"):
             call_command("relaybox_consume", "shipping")
+
+
+@pytest.mark.parametrize(
+    ("relaybox", "error"),
+    [
+        ({}, r"RELAYBOX\['BROKERS'\] names no broker"),
+        ({"BROKERS": {"default": "memory://"}, "RELAY": {"hold_key": True}},
+         "relay option 'hold_key' is not one of: "),
+        ({"BROKERS": {"default": "memory://"}, "RELAY": {"batch_size": 0}},
+         "batch_size, max_in_flight, max_claim_bytes and cleanup_batch must be >= 1"),
+    ],
+)  # fmt: skip
+def test_the_relay_command_refuses_settings_it_cannot_run(
+    relaybox: dict[str, Any], error: str, tmp_path: Path
+) -> None:
+    from django.core.management import CommandError, call_command
+    from django.test.utils import override_settings
+
+    from tests.integration.django_setup import configure
+
+    configure(tmp_path / "unused.db")
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with override_settings(RELAYBOX=relaybox), pytest.raises(CommandError, match=error):
+        call_command("relaybox_relay")
+    # The command called in-process leaves this process's signal handling as it was.
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import signal
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import click
@@ -33,6 +34,21 @@ def catch_early_signals() -> None:
     that the relay stops as soon as it started instead of dying half-started."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _remember_signal)
+
+
+@contextlib.contextmanager
+def early_signals_caught() -> Iterator[None]:
+    """`catch_early_signals` for the block only: then the handlers from before it are
+    back and nothing is remembered, for a relay run inside a process that goes on (a
+    Django management command called from code)."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    catch_early_signals()
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _early_signal.clear()
 
 
 def relay_settings(**options: Any) -> RelaySettings:

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from relaybox.cli.relay import catch_early_signals, relay_settings, serve
+from relaybox.cli.relay import early_signals_caught, relay_settings, serve
 from relaybox.cli.urls import masked_logging
 from relaybox.errors import ConfigurationError, RelayboxError
 from relaybox.integrations.django.conf import settings
@@ -37,18 +37,21 @@ class Command(BaseCommand):  # type: ignore[misc]
         )  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
-        catch_early_signals()
-        try:
-            conf = settings()
-            if not conf.brokers:
-                raise ConfigurationError(
-                    "settings.RELAYBOX['BROKERS'] names no broker: give {target: URL}"
-                )
-            tuning = relay_settings(**conf.relay)
-            address = None if options["http"] is None else parse_address(options["http"])
-            database = database_url(conf)
-            masked_logging(options["log_level"]).hide([database, *conf.brokers.values()])
-            relay = Relay([database], dict(conf.brokers), table=conf.outbox_table, settings=tuning)
-            asyncio.run(serve(relay, max_seconds=options["max_seconds"], http=address))
-        except RelayboxError as error:
-            raise CommandError(str(error)) from error
+        with early_signals_caught():
+            try:
+                self._run(options)
+            except RelayboxError as error:
+                raise CommandError(str(error)) from error
+
+    def _run(self, options: dict[str, Any]) -> None:
+        conf = settings()
+        if not conf.brokers:
+            raise ConfigurationError(
+                "settings.RELAYBOX['BROKERS'] names no broker: give {target: URL}"
+            )
+        tuning = relay_settings(**conf.relay)
+        address = None if options["http"] is None else parse_address(options["http"])
+        database = database_url(conf)
+        masked_logging(options["log_level"]).hide([database, *conf.brokers.values()])
+        relay = Relay([database], dict(conf.brokers), table=conf.outbox_table, settings=tuning)
+        asyncio.run(serve(relay, max_seconds=options["max_seconds"], http=address))
