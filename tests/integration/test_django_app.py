@@ -29,7 +29,7 @@ import pytest
 from relaybox import Message, sql
 from relaybox.errors import ConfigurationError
 from relaybox.migrations import migrate
-from tests.databases import PG_URL, fetch_all, sqlite_url, unique_table
+from tests.databases import MYSQL_URL, PG_URL, fetch_all, sqlite_url, unique_table
 from tests.migration.test_migrations import _catalog
 from tests.relay_support import eventually
 
@@ -56,13 +56,9 @@ def fresh_database(dialect: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
     before = given["NAME"]
     connections[alias].close()
     given["NAME"] = name
+    server = PG_URL if dialect == "postgresql" else MYSQL_URL
     try:
-        yield (
-            alias,
-            PG_URL.rsplit("/", 1)[0] + f"/{name}"
-            if dialect == "postgresql"
-            else (f"mysql://root@127.0.0.1:3306/{name}"),
-        )
+        yield alias, server.rsplit("/", 1)[0] + f"/{name}"
     finally:
         connections[alias].close()
         given["NAME"] = before
