@@ -85,7 +85,8 @@ def fetch_all(url: str, query: str) -> list[tuple[Any, ...]]:
         with psycopg.connect(url.replace("+asyncpg", "").replace("+psycopg", "")) as conn:
             return list(conn.execute(query).fetchall())
     if url.startswith("mysql"):
-        conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", database="test")
+        database = url.rsplit("/", 1)[1].split("?", maxsplit=1)[0]
+        conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", database=database)
         try:
             with conn.cursor() as cursor:
                 cursor.execute(query)

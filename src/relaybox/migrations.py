@@ -43,10 +43,6 @@ class _Ddl(Protocol):
     async def versions(self, table: str) -> set[int]: ...
 
 
-_RECORD = "INSERT INTO {table}_migrations (version, name) VALUES "
-_VERSIONS = "SELECT version FROM {table}_migrations"
-
-
 class _Asyncpg:
     def __init__(self, connection: Any) -> None:
         self.connection = connection
@@ -55,10 +51,12 @@ class _Asyncpg:
         await self.connection.execute(statement)
 
     async def record(self, table: str, version: int, name: str) -> None:
-        await self.connection.execute(_RECORD.format(table=table) + "($1, $2)", version, name)
+        await self.connection.execute(
+            sql.RECORD_MIGRATION.format(table=table) + "($1, $2)", version, name
+        )
 
     async def versions(self, table: str) -> set[int]:
-        rows = await self.connection.fetch(_VERSIONS.format(table=table))
+        rows = await self.connection.fetch(sql.MIGRATED_VERSIONS.format(table=table))
         return {int(row[0]) for row in rows}
 
 
@@ -78,11 +76,13 @@ class _DbApi:
 
     async def record(self, table: str, version: int, name: str) -> None:
         async with self.connection.cursor() as cursor:
-            await cursor.execute(_RECORD.format(table=table) + "(%s, %s)", (version, name))
+            await cursor.execute(
+                sql.RECORD_MIGRATION.format(table=table) + "(%s, %s)", (version, name)
+            )
 
     async def versions(self, table: str) -> set[int]:
         async with self.connection.cursor() as cursor:
-            await cursor.execute(_VERSIONS.format(table=table))
+            await cursor.execute(sql.MIGRATED_VERSIONS.format(table=table))
             return {int(row[0]) for row in await cursor.fetchall()}
 
 
@@ -103,11 +103,11 @@ class _SQLite:
         await self._call(lambda: self.connection.execute(statement))
 
     async def record(self, table: str, version: int, name: str) -> None:
-        query = _RECORD.format(table=table) + "(?, ?)"
+        query = sql.RECORD_MIGRATION.format(table=table) + "(?, ?)"
         await self._call(lambda: self.connection.execute(query, (version, name)))
 
     async def versions(self, table: str) -> set[int]:
-        query = _VERSIONS.format(table=table)
+        query = sql.MIGRATED_VERSIONS.format(table=table)
         rows = await self._call(lambda: self.connection.execute(query).fetchall())
         return {int(row[0]) for row in rows}
 
@@ -124,7 +124,7 @@ def _pick(url: DatabaseUrl, purpose: str) -> str:
 async def _locked(url: DatabaseUrl, table: str) -> AsyncIterator[_Ddl]:
     """A DDL connection holding the migration lock for `table`, through whichever client
     library the URL names or, for a plain URL, is installed."""
-    lock_name = f"relaybox_migrate:{table}"
+    lock_name = sql.migration_lock(table)
     purpose = f"migrating {url.masked}"
     if url.dialect == "postgresql":
         async with _postgres(url, _pick(url, purpose)) as ddl:

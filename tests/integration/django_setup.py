@@ -38,8 +38,9 @@ def configure(sqlite_path: Path) -> None:
                     "PASSWORD": "",
                 },
             },
-            INSTALLED_APPS=[],
+            INSTALLED_APPS=["relaybox.integrations.django", "tests.integration.djangoshop"],
             USE_TZ=True,
+            DEFAULT_AUTO_FIELD="django.db.models.AutoField",
         )
         django.setup()
         _configured = True

@@ -40,8 +40,8 @@ _PG_NAMED_CATALOG = (
 )
 
 
-def _pg_catalog(table: str) -> list[tuple[object, ...]]:
-    with psycopg.connect(PG_URL) as conn:
+def _pg_catalog(table: str, url: str = PG_URL) -> list[tuple[object, ...]]:
+    with psycopg.connect(url) as conn:
         catalog = [
             row
             for queries, arg in ((_PG_TABLE_CATALOG, table), (_PG_NAMED_CATALOG, table + "\\_%"))
@@ -51,8 +51,9 @@ def _pg_catalog(table: str) -> list[tuple[object, ...]]:
     return [tuple(str(v).replace(table, "T") for v in row) for row in catalog]
 
 
-def _mysql_catalog(table: str) -> list[tuple[object, ...]]:
-    conn = pymysql.connect(host="127.0.0.1", user="root", password="", database="test")
+def _mysql_catalog(table: str, url: str = MYSQL_URL) -> list[tuple[object, ...]]:
+    database = url.rsplit("/", 1)[1]
+    conn = pymysql.connect(host="127.0.0.1", user="root", password="", database=database)
     with conn, conn.cursor() as cursor:
         cursor.execute(f"SHOW CREATE TABLE {table}")
         ((_, ddl),) = cursor.fetchall()
@@ -111,22 +112,27 @@ _SIDE_TABLES = {
 _INBOX_SIDE_TABLES = ("_watermarks", "_parked", "_attempts", "_activity")
 
 
-def _catalog(dialect: str, table: str, db: Path, kind: sql.Kind) -> list[tuple[object, ...]]:
-    """The catalog of the outbox (or inbox) table and every table beside it, rows tagged."""
+def _catalog(
+    dialect: str, table: str, db: Path, kind: sql.Kind, url: str | None = None
+) -> list[tuple[object, ...]]:
+    """The catalog of the outbox (or inbox) table and every table beside it, rows tagged;
+    `url`: a PostgreSQL or MySQL database other than the shared test one."""
     side = _SIDE_TABLES[dialect] if kind == "outbox" else _INBOX_SIDE_TABLES
     # A side table's catalog may name the outbox table too (its enum type, say).
     return [
         (suffix, *(str(v).replace(table, "T") for v in row))
         for suffix in ("", *side)
-        for row in _table_catalog(dialect, table + suffix, db)
+        for row in _table_catalog(dialect, table + suffix, db, url)
     ]
 
 
-def _table_catalog(dialect: str, table: str, db: Path) -> list[tuple[object, ...]]:
+def _table_catalog(
+    dialect: str, table: str, db: Path, url: str | None = None
+) -> list[tuple[object, ...]]:
     if dialect == "postgresql":
-        return _pg_catalog(table)
+        return _pg_catalog(table, url or PG_URL)
     if dialect == "mysql":
-        return _mysql_catalog(table)
+        return _mysql_catalog(table, url or MYSQL_URL)
     return _sqlite_catalog(db, table)
 
 

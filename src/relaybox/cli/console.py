@@ -78,7 +78,7 @@ def console(
         given = [*inbox_databases, *(urls.read_url(path) for path in inbox_db_files)]
         inboxes = [InboxWatch(url, inbox_table) for url in given]
         token = read_token(token_file)
-        asyncio.run(_serve(found, table, inboxes, host, port, token=token, read_only=read_only))
+        asyncio.run(serve(found, table, inboxes, host, port, token=token, read_only=read_only))
     except RelayboxError as exc:
         raise output.Failure(str(exc)) from exc
 
@@ -106,7 +106,7 @@ def read_token(path: str | None) -> str | None:
     return text
 
 
-async def _serve(
+async def serve(
     databases: list[str],
     table: str,
     inboxes: list[InboxWatch],
@@ -116,6 +116,8 @@ async def _serve(
     token: str | None,
     read_only: bool,
 ) -> None:
+    """Serve the console over the outbox `table` of each of `databases` and over
+    `inboxes` until the process is stopped; with no `token`, read-only."""
     with needs_extras("relaybox console"):
         import uvicorn
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
+import dataclasses
 import signal
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
 import click
 
@@ -14,16 +16,66 @@ from relaybox.cli.urls import BROKER_ENV, DB_ENV, from_environment
 from relaybox.core.circuit import CircuitPolicy
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.retry import RetryPolicy
-from relaybox.errors import RelayboxError
+from relaybox.errors import ConfigurationError, RelayboxError
 from relaybox.observability.http import StatusServer, parse_address
 from relaybox.relay.engine import Relay
 from relaybox.relay.settings import RelaySettings
 
 _early_signal: list[int] = []
+_P = TypeVar("_P", RetryPolicy, CircuitPolicy)
 
 
 def _remember_signal(signum: int, _frame: object) -> None:
     _early_signal.append(signum)
+
+
+def catch_early_signals() -> None:
+    """Remember a SIGTERM or SIGINT that comes before `serve` has its event loop, so
+    that the relay stops as soon as it started instead of dying half-started."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _remember_signal)
+
+
+@contextlib.contextmanager
+def early_signals_caught() -> Iterator[None]:
+    """`catch_early_signals` for the block only: then the handlers from before it are
+    back and nothing is remembered, for a relay run inside a process that goes on (a
+    Django management command called from code)."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    catch_early_signals()
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _early_signal.clear()
+
+
+def relay_settings(**options: Any) -> RelaySettings:
+    """`RelaySettings` from plain values, as a configuration file gives them: `retry`
+    and `circuit` as dicts of `RetryPolicy` and `CircuitPolicy` fields; an unknown name
+    is a `ConfigurationError` that lists the known ones."""
+    nested = {"retry": RetryPolicy, "circuit": CircuitPolicy}
+    known = {field.name: field for field in dataclasses.fields(RelaySettings)}
+    for name, value in options.items():
+        kind = nested.get(name)
+        if name not in known or (kind is not None and not isinstance(value, dict)):
+            fields = ", ".join(sorted(known))
+            raise ConfigurationError(f"relay option {name!r} is not one of: {fields}")
+        if kind is not None:
+            options[name] = _policy(kind, name, value)
+    try:
+        return RelaySettings(**options)
+    except TypeError as error:  # a value of the wrong type
+        raise ConfigurationError(f"relay options: {error}") from None
+
+
+def _policy(kind: type[_P], name: str, values: dict[str, Any]) -> _P:
+    try:
+        return kind(**values)
+    except TypeError:
+        fields = ", ".join(field.name for field in dataclasses.fields(kind))
+        raise ConfigurationError(f"relay option {name!r} takes: {fields}") from None
 
 
 async def serve(
@@ -213,11 +265,8 @@ def relay(
     RELAYBOX_BROKER) or from files (--db-file, --broker-file) instead of the command
     line, where every user of the machine can read them; an environment variable is
     read only when neither of its options is given."""
-    for sig in (signal.SIGTERM, signal.SIGINT):  # until the event loop takes over
-        signal.signal(sig, _remember_signal)
-    handler = logging.StreamHandler()
-    handler.setFormatter(logs := urls.MaskingFormatter("%(asctime)s %(levelname)s %(message)s"))
-    logging.basicConfig(level=log_level.upper(), handlers=[handler])
+    catch_early_signals()  # until the event loop takes over
+    logs = urls.masked_logging(log_level)
     try:
         settings = RelaySettings(
             batch_size=batch_size, max_in_flight=max_in_flight, lease_seconds=lease_seconds,

@@ -127,3 +127,13 @@ class MaskingFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return scrub(super().format(record), self._secrets)
+
+
+def masked_logging(level: str) -> MaskingFormatter:
+    """Log to stderr at `level` through a `MaskingFormatter` (its `hide` takes the
+    command's URLs), unless the process configured logging already (a Django project's
+    LOGGING, say): then nothing changes, and the formatter returned is unused."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logs := MaskingFormatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
+    return logs

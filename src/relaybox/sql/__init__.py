@@ -79,23 +79,6 @@ def functions(dialect: Dialect, table: str, kind: Kind = "outbox") -> list[str]:
     return _FUNCTION.findall(schema(dialect, table, kind))
 
 
-#: The table `<table>_migrations` that records which migrations a table has had.
-_TRACKING = {
-    "postgresql": "CREATE TABLE IF NOT EXISTS {table}_migrations (version integer PRIMARY KEY, "
-    "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
-    "mysql": "CREATE TABLE IF NOT EXISTS {table}_migrations (version INT PRIMARY KEY, "
-    "name VARCHAR(255) NOT NULL, applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))",
-    "sqlite": "CREATE TABLE IF NOT EXISTS {table}_migrations (version INTEGER PRIMARY KEY, "
-    "name TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
-}
-
-
-def tracking(dialect: Dialect, table: str) -> str:
-    """The DDL of `<table>_migrations`, where every way of migrating `table` (`relaybox
-    migrate`, the Alembic operations) records the versions it applied."""
-    return render(_TRACKING[dialect], table, dialect)
-
-
 _CREATED = re.compile(r"^\s*CREATE (TABLE|TYPE) (?:IF NOT EXISTS )?([\w.]+)", re.MULTILINE)
 
 
@@ -125,6 +108,32 @@ def migrations(dialect: Dialect, table: str, kind: Kind = "outbox") -> list[tupl
                 (int(match[1]), match[2], render(entry.read_text("utf-8"), table, dialect))
             )
     return sorted(found)
+
+
+#: `<table>_migrations`: one row per applied migration, for `relaybox migrate` and
+#: for the Django app's migrations alike, so that either can take over from the other.
+_TRACKING: dict[Dialect, str] = {
+    "postgresql": "CREATE TABLE IF NOT EXISTS {table}_migrations (version integer PRIMARY KEY, "
+    "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+    "mysql": "CREATE TABLE IF NOT EXISTS {table}_migrations (version INT PRIMARY KEY, "
+    "name VARCHAR(255) NOT NULL, applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))",
+    "sqlite": "CREATE TABLE IF NOT EXISTS {table}_migrations (version INTEGER PRIMARY KEY, "
+    "name TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
+}
+#: Records one applied migration; the caller appends its driver's two placeholders.
+RECORD_MIGRATION = "INSERT INTO {table}_migrations (version, name) VALUES "
+MIGRATED_VERSIONS = "SELECT version FROM {table}_migrations"
+
+
+def tracking(dialect: Dialect, table: str) -> str:
+    """The DDL of `table`'s migration tracking table (created if missing)."""
+    return render(_TRACKING[dialect], table, dialect)
+
+
+def migration_lock(table: str) -> str:
+    """The name of the lock that serialises migrations of `table` (a PostgreSQL advisory
+    lock on its hash, a MySQL named lock)."""
+    return f"relaybox_migrate:{table}"
 
 
 def statements(script: str) -> list[str]:

@@ -1,0 +1,1 @@
+"""A small Django app for the relaybox app's tests: orders, and a handler that makes one."""
