@@ -21,6 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from relaybox import Message, Outbox
 from relaybox.consumers.redis import RedisConsumer
+from relaybox.core.incoming import Incoming
 from relaybox.errors import ConfigurationError
 from relaybox.observability.otel import instrument_consumer, instrument_relay
 from relaybox.publishers.memory import MemoryPublisher
@@ -188,3 +189,15 @@ async def test_metrics_alone_leave_what_is_sent_as_it_was(
     found = points(metric_reader)
     assert value(found, "relaybox_publish_messages", target="default", outcome="acked") == 3
     assert value(found, "relaybox_delivery_lag_seconds", target="default").count >= 1
+
+
+def test_a_follow_up_continues_the_span_current_where_it_is_made(
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, _ = spans
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    received = Incoming(id="m1", payload=b"{}", traceparent=traceparent)
+    assert received.follow_up(topic="next").headers["traceparent"] == traceparent
+    with provider.get_tracer("t").start_as_current_span("process") as span:
+        made = received.follow_up(topic="next")
+    assert made.headers["traceparent"].split("-")[2] == f"{span.get_span_context().span_id:016x}"
