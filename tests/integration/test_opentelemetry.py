@@ -5,6 +5,8 @@ in-memory exporters; and the relay's and consumer's metrics after those messages
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -201,3 +203,38 @@ def test_a_follow_up_continues_the_span_current_where_it_is_made(
     with provider.get_tracer("t").start_as_current_span("process") as span:
         made = received.follow_up(topic="next")
     assert made.headers["traceparent"].split("-")[2] == f"{span.get_span_context().span_id:016x}"
+
+
+#: `relaybox relay --opentelemetry` in a process whose global tracer provider records
+#: in memory; it prints how many send spans it made.
+RELAY_PROCESS = """
+import sys
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from relaybox.cli.main import main
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+try:
+    main(sys.argv[1:])
+finally:
+    ended = exporter.get_finished_spans()
+    print("sends:", sum(span.kind is trace.SpanKind.PRODUCER for span in ended))
+"""
+
+
+@pytest.mark.parametrize("flag", [["--opentelemetry"], []])
+async def test_the_relay_command_traces_only_when_asked(tmp_path: Path, flag: list[str]) -> None:
+    url, table = sqlite_url(tmp_path / "outbox.db"), unique_table("otel")
+    await create(url, table)
+    with sqlite3.connect(tmp_path / "outbox.db") as conn:
+        Outbox(table=table).add(conn, [Message(topic="t", key=f"k{n}") for n in range(3)])
+    command = [sys.executable, "-c", RELAY_PROCESS, "relay", "--db", url, "--table", table,
+               "--broker", "default=noop://", "--max-seconds", "1", *flag]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert f"sends: {3 if flag else 0}" in done.stdout
