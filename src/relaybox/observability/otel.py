@@ -8,11 +8,12 @@ publishers (`Relay.wrap_publishers`), so the relay's own path is the one it runs
 without this module, and a consumer not instrumented pays one attribute test per
 message. Measured with a micro timing (the relay's `Delivery` sending 20,000 messages
 in calls of 100 to a publisher that confirms at once, median of five runs on a shared
-two-core machine): 0.7 to 1.0 us a message not instrumented (run to run noise; the
-code is the same), about 1.0 us with the metrics alone (two histogram records per
-publish call), about 60 us with traces, nearly all of it the SDK making and exporting
-each span (`SimpleSpanProcessor` into memory). Tracing costs per message; sample at
-the writer (a parent-based sampler) to keep that cost for the traces that are kept.
+two-core machine): 0.65 to 1.0 us a message not instrumented (run-to-run noise; the
+code is the same), 0.8 to 1.3 us with the metrics alone (two histogram records per
+publish call), 45 to 60 us with traces when every span is recorded, nearly all of it
+the SDK making and exporting each span (`SimpleSpanProcessor` into memory), and about
+13 us when the writers' traces are not sampled. Sample at the writer and keep the
+SDK's parent-based sampler on the relay: it records spans only for traces kept.
 
 Traces, by the OpenTelemetry messaging conventions:
 
