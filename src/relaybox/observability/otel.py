@@ -99,13 +99,13 @@ def instrument_relay(
     """Trace `relay`'s publishes and report its metrics through OpenTelemetry, to the
     given providers or the global ones. Call it once, before the relay starts."""
     meter = _meter(meter_provider) if metrics else None
-    if meter is not None:
-        _observe_relay(meter, relay)
     tracer = _tracer(tracer_provider) if traces else None
     histograms = None if meter is None else _PublishHistograms(meter)
-    relay.wrap_publishers(
+    relay.wrap_publishers(  # first: it refuses a running relay
         lambda target, publisher: TracedPublisher(publisher, target, tracer, histograms)
     )
+    if meter is not None:
+        _observe_relay(meter, relay)
 
 
 def instrument_consumer(
