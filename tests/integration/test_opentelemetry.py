@@ -238,3 +238,43 @@ async def test_the_relay_command_traces_only_when_asked(tmp_path: Path, flag: li
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert f"sends: {3 if flag else 0}" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    ["00-zz-not-a-trace", "00-00000000000000000000000000000000-b7ad6b7169203331-01", None],
+)
+async def test_a_message_without_a_usable_trace_is_processed_in_a_trace_of_its_own(
+    tmp_path: Path, spans: tuple[TracerProvider, InMemorySpanExporter], traceparent: str | None
+) -> None:
+    provider, exporter = spans
+    async with InboxWorld("sqlite", tmp_path) as world:
+        consumer = world.consumer()
+        instrument_consumer(consumer, tracer_provider=provider, metrics=False)
+        received = Incoming(id="m1", payload=b"{}", topic="orders", traceparent=traceparent)
+        await consumer.process(received)
+        assert world.effects() == {"m1": 1}
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is None
+    assert span.attributes["relaybox.outcome"] == "applied"
+
+
+async def test_a_written_trace_that_is_no_trace_starts_the_send_in_a_trace_of_its_own(
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = spans
+    storage, publisher = MemoryStorage(), MemoryPublisher()
+    written = Message(topic="t", key="k", headers={"traceparent": "garbage", "origin": "shop"})
+    await storage.write(Outbox().rows(written)[1])
+    relay = Relay(storage, {"default": publisher}, settings=fast_settings())
+    instrument_relay(relay, tracer_provider=provider, metrics=False)
+    async with relay:
+        await eventually(lambda: len(publisher.published) == 1)
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is None
+    (sent,) = publisher.published
+    assert sent.headers["origin"] == "shop"
+    ids = span.context
+    assert sent.headers["traceparent"] == (
+        f"00-{ids.trace_id:032x}-{ids.span_id:016x}-{ids.trace_flags:02x}"
+    )

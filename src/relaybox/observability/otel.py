@@ -250,7 +250,7 @@ class TracedPublisher:
     def _span(self, tracer: Tracer, message: StoredMessage) -> Span:
         """The message's send span, its parent the writer's span the message names."""
         headers = message.headers
-        parent = _W3C.extract(headers) if headers and "traceparent" in headers else _ROOT
+        parent = _W3C.extract(headers, _ROOT) if headers and "traceparent" in headers else _ROOT
         span = tracer.start_span(
             f"send {message.topic}", parent, kind=SpanKind.PRODUCER,
             attributes=self._span_attributes,
