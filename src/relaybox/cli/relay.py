@@ -244,6 +244,12 @@ _CIRCUIT = _DEFAULTS.circuit
     metavar="HOST:PORT",
     help="Serve /metrics, /api/outbox, /healthz and /readyz there (e.g. 127.0.0.1:9464).",
 )
+@click.option(
+    "--opentelemetry",
+    is_flag=True,
+    help="Trace each publish and report the metrics through the OpenTelemetry providers "
+    "this process was given (by opentelemetry-instrument, say); needs relaybox[tracing].",
+)
 @click.option("--max-seconds", type=float, default=None, help="Stop after this long.")
 @click.option("--log-level", default="INFO", show_default=True)
 def relay(
@@ -256,7 +262,7 @@ def relay(
     max_claim_bytes: int,
     published_retention: float, abandoned_retention: float, hold_keys: bool,
     cleanup_interval: float, shutdown_timeout: float, activity_interval: float,
-    http: str | None,
+    http: str | None, opentelemetry: bool,
     max_seconds: float | None, log_level: str,
 ) -> None:  # fmt: skip
     """Deliver committed outbox messages to brokers until SIGTERM or SIGINT.
@@ -299,6 +305,10 @@ def relay(
 
             relay_class = LogRelay
         engine = relay_class(database_urls, broker_urls, table=table, settings=settings)
+        if opentelemetry:
+            from relaybox.observability.otel import instrument_relay
+
+            instrument_relay(engine)
         asyncio.run(serve(engine, max_seconds=max_seconds, http=address))
     except RelayboxError as exc:
         raise output.Failure(str(exc)) from exc

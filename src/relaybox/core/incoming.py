@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from relaybox.core import envelope
+from relaybox.core import envelope, tracing
 from relaybox.core.envelope import DEFAULT_SOURCE, MAX_JSON_DEPTH, is_json, nests_deeper_than
 from relaybox.core.message import Message
 from relaybox.errors import EnvelopeError, InvalidHeadersError
@@ -187,9 +187,12 @@ class Incoming:
         fields.setdefault("correlation_id", self.correlation_id or self.id)
         if self.tenant_id is not None:
             fields.setdefault("tenant_id", self.tenant_id)
-        if self.traceparent is not None and _sendable_trace(self.traceparent):
+        # The trace goes on from the span current here (the consumer's process span, when
+        # it is traced), as it does for any new message; else from this message's own.
+        traceparent = self.traceparent
+        if traceparent is not None and _carried_on(traceparent):
             headers = dict(fields.get("headers") or {})
-            headers.setdefault("traceparent", self.traceparent)
+            headers.setdefault("traceparent", traceparent)
             fields["headers"] = headers
         return Message(topic=topic, **fields)
 
@@ -270,6 +273,12 @@ def _time(value: str | None) -> datetime.datetime | None:
         return datetime.datetime.fromisoformat(value)
     except ValueError:
         return None  # an unreadable time is informational only: keep the message
+
+
+def _carried_on(traceparent: str) -> bool:
+    """Whether a follow-up takes `traceparent`: no span is current to take it from,
+    and it may be sent."""
+    return tracing.current_traceparent() is None and _sendable_trace(traceparent)
 
 
 def _sendable_trace(traceparent: str) -> bool:

@@ -71,6 +71,11 @@ Transaction = Callable[[], AbstractAsyncContextManager[Any] | AbstractContextMan
 #: What to do with a message whose type no handler takes.
 UnknownTypes = Literal["park", "skip", "fail"]
 UNKNOWN_TYPES: tuple[UnknownTypes, ...] = ("park", "skip", "fail")
+#: Watches one call of `Consumer.process`: called with the message before anything is
+#: done with it, it returns a context manager that is open while the message is
+#: processed (an exception leaves through it) and yields a function that is told what
+#: came of it. `relaybox.observability.otel` sets one to trace and count the messages.
+Observer = Callable[[Incoming], AbstractContextManager[Callable[["Processed"], None]]]
 
 #: Seconds between two purges of expired ids (inbox "id" mode) and attempt counts.
 DEFAULT_PURGE_INTERVAL = 60.0
@@ -192,6 +197,8 @@ class Consumer:
         self._tally = InboxTally()
         #: time.monotonic() of the last warning that the activity could not be written.
         self._activity_warned: float | None = None
+        #: Watches each message processed (None: nothing watches, at no cost).
+        self.observer: Observer | None = None
 
     def handler(
         self, type_name: str, *, payload: type[Any] | None = None
@@ -248,6 +255,14 @@ class Consumer:
         """
         if max_attempts < 1:
             raise ConfigurationError(f"max_attempts={max_attempts!r}: must be at least 1")
+        if self.observer is None:
+            return await self._process(message, max_attempts, redelivered)
+        with self.observer(message) as processed:
+            outcome = await self._process(message, max_attempts, redelivered)
+            processed(outcome)
+            return outcome
+
+    async def _process(self, message: Incoming, max_attempts: int, redelivered: bool) -> Processed:
         try:
             route, arguments = self._dispatch(message)
         except _Poison as poison:

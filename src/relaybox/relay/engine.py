@@ -123,6 +123,18 @@ class Relay:
     def publishers(self) -> Mapping[str, Publisher]:
         return self._publishers
 
+    def wrap_publishers(self, wrap: Callable[[str, Publisher], Publisher]) -> None:
+        """Replace each target's publisher by `wrap(target, publisher)`, before `start`.
+
+        How instrumentation (`relaybox.observability.otel`) watches every publish call
+        without a branch on the relay's path: a relay nobody wraps runs as it would
+        without this method.
+        """
+        if self._loop is not None:
+            raise ConfigurationError("wrap the publishers before the relay starts")
+        for target, publisher in list(self._publishers.items()):
+            self._publishers[target] = wrap(target, publisher)
+
     async def __aenter__(self) -> Relay:
         await self.start()
         return self
