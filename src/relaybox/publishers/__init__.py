@@ -31,6 +31,10 @@ SCHEMES: dict[str, str] = {
     "mqtts": "mqtt",
     "http": "http",
     "https": "http",
+    "celery+amqp": "celery",
+    "celery+amqps": "celery",
+    "celery+redis": "celery",
+    "celery+rediss": "celery",
 }
 
 
