@@ -220,6 +220,22 @@ def test_the_task_message_is_celerys_protocol_2() -> None:
     assert celery.task_message(stored("tasks", payload=b""), "o")[1].startswith(b"[[],{},")
 
 
+async def test_text_utf8_cannot_carry_is_sent_escaped(queue: str) -> None:
+    """A payload's escaped lone surrogate (valid JSON, no valid UTF-8) reaches the task."""
+    payload = b'["\\ud800", "caf\xc3\xa9"]'
+    headers, body = celery.task_message(stored("tasks", payload=payload), "o")
+    assert json.loads(body)[0] == ["\ud800", "café"]
+    assert headers["argsrepr"].isascii()
+    publisher = open_publisher(f"celery+{AMQP}?queue={queue}")
+    try:
+        await publisher.start()
+        (result,) = await publisher.publish([stored("tasks", payload=payload)])
+        assert result.outcome is Outcome.ACKED
+    finally:
+        await publisher.close()
+        await _remove_amqp(queue)
+
+
 @pytest.mark.parametrize("payload", [b"7", b'"text"', b"{not json", b"\xff\xfe", b"[" * 100_000])
 async def test_a_payload_that_is_no_call_fails_permanently(payload: bytes, queue: str) -> None:
     with pytest.raises(MessageError):

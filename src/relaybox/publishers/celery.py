@@ -130,10 +130,12 @@ def task_message(message: StoredMessage, origin: str) -> tuple[dict[str, Any], b
         "lang": "py", "task": name, "id": task_id, "shadow": None, "eta": None,
         "expires": None, "group": None, "group_index": None, "retries": 0,
         "timelimit": [None, None], "root_id": task_id, "parent_id": None,
-        "argsrepr": repr(args)[:_REPR_MAX], "kwargsrepr": repr(kwargs)[:_REPR_MAX],
+        "argsrepr": ascii(args)[:_REPR_MAX], "kwargsrepr": ascii(kwargs)[:_REPR_MAX],
         "origin": origin, "ignore_result": False,
     }  # fmt: skip
-    body = json.dumps([args, kwargs, _EMBED], ensure_ascii=False, separators=(",", ":"))
+    # ASCII, as JSON escapes the rest: a lone surrogate that the payload's JSON escaped
+    # stays escaped instead of making text that UTF-8 (and AMQP headers) cannot carry.
+    body = json.dumps([args, kwargs, _EMBED], separators=(",", ":"))
     return headers, body.encode(ENCODING)
 
 
