@@ -1,33 +1,38 @@
 """The Celery side: a worker for the `shop.send_receipt` task.
 
+    relaybox migrate --db sqlite:///receipts.db --inbox
     celery -A tasks worker --pool solo
 
-The task runs once per message as a rule, but may run twice after a relay crash (the
-same task id both times), so it records its task id and does nothing the second time.
+A task sent from the outbox may come twice (after a relay crash, under the same task
+id), so its effect and relaybox's inbox record of the task id commit together: a
+second copy finds the id recorded and does nothing.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-from pathlib import Path
+import sqlite3
 
 from celery import Celery
 
+from relaybox import Inbox
+
 BROKER = os.environ.get("CELERY_BROKER", "redis://127.0.0.1:6379/0")
 QUEUE = os.environ.get("CELERY_QUEUE", "celery")
-RECEIPTS = Path(os.environ.get("RECEIPTS", "receipts.jsonl"))
+RECEIPTS = os.environ.get("RECEIPTS_DB", "receipts.db")
 
 app = Celery("shop", broker=BROKER)
 app.conf.task_default_queue = QUEUE
 app.conf.worker_enable_remote_control = False
 
+inbox = Inbox(consumer="receipts")
+
 
 @app.task(name="shop.send_receipt", bind=True)
 def send_receipt(self, order_id: int, email: str) -> None:
-    sent = RECEIPTS.read_text().splitlines() if RECEIPTS.exists() else []
-    if any(json.loads(line)["task_id"] == self.request.id for line in sent):
-        return  # a second delivery of the same task
-    with RECEIPTS.open("a") as receipts:
-        receipt = {"task_id": self.request.id, "order_id": order_id, "email": email}
-        receipts.write(json.dumps(receipt) + "\n")
+    with contextlib.closing(sqlite3.connect(RECEIPTS)) as connection, connection:
+        if not inbox.record(connection, self.request.id):
+            return  # this task ran already
+        connection.execute("CREATE TABLE IF NOT EXISTS receipts (order_id INTEGER, email TEXT)")
+        connection.execute("INSERT INTO receipts VALUES (?, ?)", (order_id, email))

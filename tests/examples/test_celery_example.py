@@ -3,7 +3,7 @@ run by a real Celery worker of the example's own app."""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import sqlite3
 import subprocess
@@ -22,11 +22,16 @@ REDIS = "redis://127.0.0.1:6379/0"
 
 async def test_the_receipt_task_runs_once(tmp_path: Path) -> None:
     queue = f"rbtest-example-{uuid.uuid4().hex[:10]}"
-    receipts, database = tmp_path / "receipts.jsonl", tmp_path / "shop.db"
+    receipts, database = tmp_path / "receipts.db", tmp_path / "shop.db"
     env = {
         **os.environ, "CELERY_BROKER": REDIS, "CELERY_QUEUE": queue,
-        "RECEIPTS": str(receipts), "SHOP_DB": str(database),
+        "RECEIPTS_DB": str(receipts), "SHOP_DB": str(database),
     }  # fmt: skip
+    relaybox = [sys.executable, "-m", "relaybox", "migrate"]
+    subprocess.run([*relaybox, "--db", f"sqlite:///{database}"], check=True, capture_output=True)
+    subprocess.run(
+        [*relaybox, "--db", f"sqlite:///{receipts}", "--inbox"], check=True, capture_output=True
+    )
     with (tmp_path / "worker.log").open("ab") as log:
         worker = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "solo",
@@ -34,20 +39,25 @@ async def test_the_receipt_task_runs_once(tmp_path: Path) -> None:
             cwd=EXAMPLE, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        migrate = [sys.executable, "-m", "relaybox", "migrate", "--db", f"sqlite:///{database}"]
-        subprocess.run(migrate, check=True, capture_output=True, env=env)
         shop = subprocess.run(
             [sys.executable, "shop.py", "7", "ada@example.com"],
             cwd=EXAMPLE, env=env, check=True, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         task_id = shop.stdout.split()[4]
         assert shop.stdout.strip() == f"order 7: receipt task {task_id} sent"
-        await eventually(receipts.exists, timeout=30)
-        (line,) = receipts.read_text().splitlines()
-        assert json.loads(line) == {"task_id": task_id, "order_id": 7, "email": "ada@example.com"}
-        with sqlite3.connect(database) as connection:
-            orders = connection.execute("SELECT id, email FROM orders").fetchall()
-        assert orders == [(7, "ada@example.com")]
+        await eventually(lambda: _rows(receipts, "SELECT order_id, email FROM receipts"), 30)
+        assert _rows(receipts, "SELECT order_id, email FROM receipts") == [(7, "ada@example.com")]
+        assert _rows(receipts, "SELECT message_id FROM relaybox_inbox") == [(task_id,)]
+        assert _rows(database, "SELECT id, email FROM orders") == [(7, "ada@example.com")]
     finally:
         end_process(worker)
         redis.Redis.from_url(REDIS).delete(queue, f"_kombu.binding.{queue}")
+
+
+def _rows(database: Path, query: str) -> list[tuple[object, ...]]:
+    """The rows of `query`, none while its table does not exist yet."""
+    with contextlib.closing(sqlite3.connect(database)) as connection:
+        try:
+            return connection.execute(query).fetchall()
+        except sqlite3.OperationalError:
+            return []

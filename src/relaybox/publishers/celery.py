@@ -16,8 +16,9 @@ Mapping a message to a task:
   topic="tasks", type="billing.tasks.charge", payload=[42])` runs
   `billing.tasks.charge(42)`.
 - arguments: the JSON payload; an array is the positional arguments, an object the
-  keyword arguments, an empty payload none. Anything else (a number, text that is not
-  JSON) fails permanently: no retry could make it a call.
+  keyword arguments, `null` (a Message without a payload) or an empty payload none.
+  Anything else (a number, text that is not JSON) fails permanently: no retry could
+  make it a call.
 - task id: the message id. The relay delivers at least once: after a crash between
   the broker's confirm and the relay's record of it, the message is sent again, as the
   same task id. A task must therefore be idempotent, or run its effects through
@@ -146,6 +147,8 @@ def _arguments(message: StoredMessage) -> tuple[list[Any], dict[str, Any]]:
         value = json.loads(message.payload)
     except (ValueError, RecursionError) as error:  # not UTF-8, not JSON, nested too deep
         raise MessageError(f"message {message.id}: the payload is not JSON ({error})") from None
+    if value is None:  # a Message without a payload
+        return [], {}
     if isinstance(value, list):
         return value, {}
     if isinstance(value, dict):
