@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from relaybox.cli.main import main
 from relaybox.core.publishing import Declared, Outcome, Presence
-from relaybox.errors import BrokerUnavailableError, ConfigurationError
+from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError
 from relaybox.publishers import open_publisher, setup_topology
 from tests.brokers.harness import free_port, stored
 from tests.brokers.test_kafka import TansuProcess, _wait_port_sync
@@ -189,8 +189,22 @@ def test_bad_topology_options_are_refused(url: str) -> None:
         open_publisher(url)
 
 
-async def test_an_unreachable_broker_is_reported() -> None:
-    url = f"redis://:secret@127.0.0.1:{free_port()}/0?group=g&streams=a"
+async def test_a_refusal_is_reported() -> None:
+    """RabbitMQ keeps `amq.` names for itself: it refuses to declare one."""
+    with pytest.raises(BrokerError, match="refused"):
+        await setup_topology(f"{AMQP}?exchange=amq.{unique('refused')}")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:secret@127.0.0.1:{port}/0?group=g&streams=a",
+        "amqp://guest:secret@127.0.0.1:{port}/?exchange=x",
+        "nats://user:secret@127.0.0.1:{port}?stream=s&subjects=a&connect_timeout=1",
+        "kafka://127.0.0.1:{port}?topics=a&timeout=1",
+    ],
+)
+async def test_an_unreachable_broker_is_reported_without_its_secret(url: str) -> None:
     with pytest.raises(BrokerUnavailableError) as raised:
-        await setup_topology(url)
+        await setup_topology(url.format(port=free_port()))
     assert "secret" not in str(raised.value)

@@ -56,30 +56,15 @@ it to Celery's reading of it.
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import json
 import socket
-import uuid
-from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
-import aio_pika
-import redis.asyncio as aioredis
-from pamqp.common import FieldValue
-from redis import exceptions as redis_errors
-
-from relaybox.core.publishing import ACKED, Declared, PublisherFeatures, PublishResult, permanent
+from relaybox.core.extras import needs_extras
 from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_url
-from relaybox.errors import (
-    BrokerUnavailableError,
-    ConfigurationError,
-    MessageError,
-)
+from relaybox.errors import ConfigurationError, MessageError
 from relaybox.ports import Publisher
-from relaybox.publishers import amqp
-from relaybox.publishers import redis as redis_publisher
 from relaybox.publishers.options import BrokerUrl
 
 #: The message header that names the task, when the message type does not.
@@ -91,13 +76,14 @@ ENCODING = "utf-8"
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 #: Longest argsrepr/kwargsrepr, as Celery's own default (`argsrepr_maxsize`).
 _REPR_MAX = 1024
-_TRANSPORTS = {"amqp": "amqp", "amqps": "amqp", "redis": "redis", "rediss": "redis"}
+#: The brokers a `celery+` URL may name.
+_REDIS = frozenset({"redis", "rediss"})
+_AMQP = frozenset({"amqp", "amqps"})
 
 
 def from_url(url: BrokerUrl) -> Publisher:
     transport = url.scheme.partition("+")[2]
-    kind = _TRANSPORTS.get(transport)
-    if kind is None:
+    if transport not in _REDIS | _AMQP:
         raise ConfigurationError(
             f"{mask_url(url.scheme)}:// is no Celery broker: use celery+amqp://, "
             "celery+amqps://, celery+redis:// or celery+rediss://"
@@ -108,8 +94,13 @@ def from_url(url: BrokerUrl) -> Publisher:
         raise ConfigurationError("celery option queue= must name a queue")
     timeout = url.number("timeout", 5.0, minimum=0.1)
     origin = f"relaybox@{socket.gethostname()}"
-    if kind == "redis":
-        return CeleryRedisPublisher(base, queue=queue, timeout=timeout, origin=origin)
+    with needs_extras(f"the broker URL {url.scheme}://"):
+        if transport in _REDIS:
+            from relaybox.publishers.celery_redis import CeleryRedisPublisher
+
+            return CeleryRedisPublisher(base, queue=queue, timeout=timeout, origin=origin)
+        from relaybox.publishers.celery_amqp import celery_amqp
+
     return celery_amqp(
         base, queue=queue, exchange=url.text("exchange", queue),
         routing_key=url.text("routing_key", queue), declare=url.flag("declare", True),
@@ -157,114 +148,3 @@ def _arguments(message: StoredMessage) -> tuple[list[Any], dict[str, Any]]:
         f"message {message.id}: a task's payload is a JSON array (positional arguments) "
         f"or object (keyword arguments), not {type(value).__name__}"
     )
-
-
-def celery_amqp(
-    url: str, *, queue: str, exchange: str, routing_key: str, declare: bool, timeout: float,
-    origin: str,
-) -> amqp.AmqpPublisher:  # fmt: skip
-    """relaybox's AMQP publisher, sending Celery's task messages to Celery's exchange."""
-
-    def encode(message: StoredMessage) -> tuple[aio_pika.Message, str]:
-        headers, body = task_message(message, origin)
-        outgoing = aio_pika.Message(
-            body,
-            headers=cast(dict[str, FieldValue], headers),
-            content_type=CONTENT_TYPE,
-            content_encoding=ENCODING,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            correlation_id=str(message.id),
-            priority=0,
-        )
-        return outgoing, routing_key
-
-    topology = amqp.Topology(exchange, "direct", queue, routing_key)
-    return amqp.AmqpPublisher(
-        url, exchange=exchange, timeout=timeout, topology=topology, encode=encode,
-        declare=declare,
-    )  # fmt: skip
-
-
-class CeleryRedisPublisher:
-    """Tasks pushed onto a Celery queue on Redis, as kombu's Redis transport does."""
-
-    features = PublisherFeatures(deduplicates=False, batching=True)
-
-    def __init__(self, url: str, *, queue: str, timeout: float, origin: str) -> None:
-        self._url = url
-        self._queue = queue
-        self._timeout = timeout
-        self._origin = origin
-        self._client: aioredis.Redis | None = None
-
-    async def setup_topology(self) -> list[Declared]:
-        """Nothing: a Celery queue on Redis is a list, made by the first push."""
-        return []
-
-    async def start(self) -> None:
-        client = aioredis.Redis.from_url(
-            self._url, socket_connect_timeout=self._timeout, socket_timeout=self._timeout,
-            health_check_interval=1,
-        )  # fmt: skip
-        try:
-            await client.ping()
-        except (redis_errors.RedisError, OSError) as error:
-            await client.aclose()
-            raise BrokerUnavailableError(
-                f"cannot reach Redis at {mask_url(self._url)}: {error}"
-            ) from error
-        self._client = client
-
-    async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(redis_errors.RedisError, OSError):
-                await client.aclose()
-
-    async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
-        if self._client is None:
-            raise ConfigurationError("CeleryRedisPublisher.publish called before start()")
-        refused: dict[int, PublishResult] = {}
-        documents: list[bytes] = []
-        for index, message in enumerate(messages):
-            try:
-                documents.append(self._document(message))
-            except MessageError as error:
-                refused[index] = permanent(str(error))
-        replies = iter(await self._push(self._client, documents) if documents else [])
-        return [refused.get(index) or next(replies) for index in range(len(messages))]
-
-    def _document(self, message: StoredMessage) -> bytes:
-        """kombu's Redis transport message: the task's body base64-encoded, its headers
-        and properties beside it."""
-        headers, body = task_message(message, self._origin)
-        document = {
-            "body": base64.b64encode(body).decode(),
-            "content-encoding": ENCODING,
-            "content-type": CONTENT_TYPE,
-            "headers": headers,
-            "properties": {
-                "correlation_id": str(message.id),
-                "reply_to": "",
-                "delivery_mode": 2,
-                "delivery_info": {"exchange": "", "routing_key": self._queue},
-                "priority": 0,
-                "body_encoding": "base64",
-                # kombu's handle of this one delivery (its unacked map's key), new per send.
-                "delivery_tag": str(uuid.uuid4()),
-            },
-        }
-        return json.dumps(document, separators=(",", ":")).encode()
-
-    async def _push(self, client: aioredis.Redis, documents: list[bytes]) -> list[PublishResult]:
-        try:
-            async with client.pipeline(transaction=False) as pipe:
-                for document in documents:
-                    pipe.lpush(self._queue, document)
-                replies = await pipe.execute(raise_on_error=False)
-        except (redis_errors.RedisError, OSError) as error:  # timeouts are OSErrors too
-            return [redis_publisher.classify(error)] * len(documents)
-        return [
-            redis_publisher.classify(reply) if isinstance(reply, Exception) else ACKED
-            for reply in replies
-        ]

@@ -315,14 +315,17 @@ class NatsPublisher:
             return []
         client = Client()
         try:
-            await client.connect(
-                servers=[self._server], name=self._name, allow_reconnect=False,
-                connect_timeout=self._connect_timeout,  # type: ignore[arg-type]
-                error_cb=self._on_error,
-            )  # fmt: skip
-        except (NatsError, OSError) as error:
+            # nats-py retries a first connection too (max_reconnect_attempts): bound it.
+            async with asyncio.timeout(self._connect_timeout):
+                await client.connect(
+                    servers=[self._server], name=self._name, allow_reconnect=False,
+                    connect_timeout=self._connect_timeout,  # type: ignore[arg-type]
+                    error_cb=self._on_error,
+                )  # fmt: skip
+        except (NatsError, OSError) as error:  # TimeoutError too
+            await client.close()
             raise BrokerUnavailableError(
-                f"cannot connect to NATS at {self._masked}: {error}"
+                f"cannot connect to NATS at {self._masked}: {error or 'timed out'}"
             ) from None
         try:
             return [await _ensure_stream(client, self._stream, self._timeout)]
