@@ -63,7 +63,7 @@ async def test_rabbitmq_exchange_queue_and_binding(rabbit_names: tuple[str, str]
     exchange, queue = rabbit_names
     url = f"{AMQP}?exchange={exchange}&exchange_type=topic&queue={queue}&binding_key=orders.*"
     # Before: the exchange is missing, so the publisher cannot start.
-    with pytest.raises(Exception, match="does not exist"):
+    with pytest.raises(BrokerError, match="does not exist"):
         await _publish(url, "orders.created")
     first, second = await setup_topology(url), await setup_topology(url)
     kinds = ["exchange", "queue", "binding"]
@@ -76,6 +76,14 @@ async def test_rabbitmq_exchange_queue_and_binding(rabbit_names: tuple[str, str]
     async with connection, connection.channel() as channel:
         declared = await channel.declare_queue(queue, passive=True)
         assert declared.declaration_result.message_count == 1
+
+
+async def test_rabbitmq_queue_for_the_default_exchange(rabbit_names: tuple[str, str]) -> None:
+    queue = rabbit_names[1]
+    url = f"{AMQP}?queue={queue}"
+    assert presences(await setup_topology(url)) == [("queue", CREATED)]
+    assert presences(await setup_topology(url)) == [("queue", EXISTED)]
+    assert await _publish(url, queue) is Outcome.ACKED  # routed by the queue's name
 
 
 async def test_a_celery_target_declares_celerys_exchange_and_queue(

@@ -128,7 +128,7 @@ class Topology:
             return self.binding_key
         if self.exchange_type == "topic":
             return "#"
-        return self.queue or "" if self.exchange_type == "direct" else ""
+        return (self.queue or "") if self.exchange_type == "direct" else ""
 
 
 def from_url(url: BrokerUrl) -> AmqpPublisher:
@@ -142,9 +142,9 @@ def from_url(url: BrokerUrl) -> AmqpPublisher:
     )
 
 
-def topology_of(url: BrokerUrl, exchange: str, exchange_type: str = "topic") -> Topology:
+def topology_of(url: BrokerUrl, exchange: str) -> Topology:
     """The URL's topology options (see the module's docstring)."""
-    kind = url.text("exchange_type", exchange_type)
+    kind = url.text("exchange_type", "topic")
     if kind not in EXCHANGE_TYPES:
         raise ConfigurationError(
             f"amqp:// option exchange_type={kind!r}: use {'|'.join(EXCHANGE_TYPES)}"
