@@ -100,8 +100,12 @@ async def db(tmp_path: Path) -> AsyncIterator[OutboxDB]:
 def worker_factory(tmp_path: Path) -> Iterator[list[Worker]]:
     workers: list[Worker] = []
     yield workers
-    for worker in workers:
-        worker.stop()
+    _stop(workers)
+
+
+def _stop(workers: list[Worker]) -> None:
+    while workers:
+        workers.pop().stop()
 
 
 async def _remove_amqp(queue: str) -> None:
@@ -114,7 +118,9 @@ async def _remove_amqp(queue: str) -> None:
 async def _remove_redis(url: str, queue: str) -> None:
     client = aioredis.Redis.from_url(url)
     async with client:
-        await client.delete(queue, f"_kombu.binding.{queue}")
+        # The queue's list, and the worker's record of its binding (to the exchange
+        # of the queue's name).
+        await client.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
 
 
 def tasks(count: int) -> list[Message]:
@@ -161,6 +167,7 @@ async def test_tasks_run_once_each_on_rabbitmq(
         worker_factory.append(worker := Worker(tmp_path, AMQP, queue))
         await _run_once_each(db, target, worker)
     finally:
+        _stop(worker_factory)  # first: a worker that loses its queue declares it again
         await _remove_amqp(queue)
 
 
@@ -174,6 +181,7 @@ async def test_tasks_run_once_each_on_redis(
         async with client:
             assert await client.llen(queue) == 0
     finally:
+        _stop(worker_factory)
         await _remove_redis(REDIS, queue)
 
 
@@ -202,9 +210,7 @@ async def test_a_task_committed_while_redis_is_down_runs_once_it_is_back(
         await eventually(lambda: _all_published(db, len(messages)), timeout=10)
     finally:
         await relay.stop()
-        for started in worker_factory:
-            started.stop()
-        worker_factory.clear()
+        _stop(worker_factory)
         if server is not None:
             end_process(server)
     runs = worker.executed()

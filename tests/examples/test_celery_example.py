@@ -51,7 +51,9 @@ async def test_the_receipt_task_runs_once(tmp_path: Path) -> None:
         assert _rows(database, "SELECT id, email FROM orders") == [(7, "ada@example.com")]
     finally:
         end_process(worker)
-        redis.Redis.from_url(REDIS).delete(queue, f"_kombu.binding.{queue}")
+        redis.Redis.from_url(REDIS).delete(
+            queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"
+        )
 
 
 def _rows(database: Path, query: str) -> list[tuple[object, ...]]:
