@@ -17,6 +17,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import pytest
@@ -77,9 +78,9 @@ class Worker:
                 cwd=directory, env=env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
 
-    def executed(self) -> list[tuple[str, list[object], dict[str, object]]]:
-        lines = self.runs.read_text().splitlines()
-        return [tuple(json.loads(line)) for line in lines]  # type: ignore[misc]
+    def executed(self) -> list[list[Any]]:
+        """Each run of the task: [task id, args, kwargs]."""
+        return [json.loads(line) for line in self.runs.read_text().splitlines()]
 
     def stop(self) -> None:
         end_process(self.process)
