@@ -35,7 +35,7 @@ from relaybox.core.inspection import (
 )
 from relaybox.core.message import DEFAULT_TARGET
 from relaybox.core.partitions import DEFAULT_PARTITIONS
-from relaybox.core.publishing import PublisherFeatures, PublishResult
+from relaybox.core.publishing import Declared, PublisherFeatures, PublishResult
 from relaybox.core.records import (
     AbandonedMessage,
     Assignment,
@@ -339,3 +339,14 @@ class Publisher(Protocol):
 
     async def close(self) -> None:
         """Flush and disconnect."""
+
+
+@runtime_checkable
+class TopologyOwner(Protocol):
+    """A publisher whose URL says what it needs on the broker (exchanges, queues,
+    streams, topics, consumer groups), which `relaybox setup` creates."""
+
+    async def setup_topology(self) -> Sequence[Declared]:
+        """Create what is missing and leave what exists as it is, on a connection of
+        its own (before `start()`, which may check that it exists); safe to call again.
+        Raise a relaybox error if the broker cannot be reached or refuses."""

@@ -223,7 +223,9 @@ def test_reads_its_url_options() -> None:
     url = BrokerUrl(f"{SHARED_URL}?exchange=orders&timeout=2.5&source=shop")
     publisher = amqp.from_url(url)
     url.done()
-    assert (publisher._exchange, publisher._timeout, publisher._source) == ("orders", 2.5, "shop")
+    outgoing, routing_key = publisher._encode(stored("orders.created"))
+    assert (publisher._exchange, publisher._timeout) == ("orders", 2.5)
+    assert (outgoing.headers[f"{amqp.PREFIX}source"], routing_key) == ("shop", "orders.created")
     assert publisher._url == SHARED_URL
     with pytest.raises(ConfigurationError, match="timeout"):
         open_publisher(f"{SHARED_URL}?timeout=0")

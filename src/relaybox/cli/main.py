@@ -28,6 +28,7 @@ class _LazyGroup(click.Group):
         "console": "relaybox.cli.console:console",
         "parked": "relaybox.cli.parked:parked",
         "relay": "relaybox.cli.relay:relay",
+        "setup": "relaybox.cli.setup:setup",
         "bench": "relaybox.tools.bench:bench",
         "demo": "relaybox.tools.demo:demo",
         "messages": "relaybox.cli.messages:messages",

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import click
 
 from relaybox.cli import output, urls
+from relaybox.cli.setup import set_up
 from relaybox.cli.urls import BROKER_ENV, DB_ENV, from_environment
 from relaybox.core.circuit import CircuitPolicy
 from relaybox.core.identifiers import DEFAULT_TABLE
@@ -250,6 +251,12 @@ _CIRCUIT = _DEFAULTS.circuit
     help="Trace each publish and report the metrics through the OpenTelemetry providers "
     "this process was given (by opentelemetry-instrument, say); needs relaybox[tracing].",
 )
+@click.option(
+    "--setup-topology",
+    is_flag=True,
+    help="First create what each target's URL says it needs on its broker, as "
+    "`relaybox setup` does.",
+)
 @click.option("--max-seconds", type=float, default=None, help="Stop after this long.")
 @click.option("--log-level", default="INFO", show_default=True)
 def relay(
@@ -262,7 +269,7 @@ def relay(
     max_claim_bytes: int,
     published_retention: float, abandoned_retention: float, hold_keys: bool,
     cleanup_interval: float, shutdown_timeout: float, activity_interval: float,
-    http: str | None, opentelemetry: bool,
+    http: str | None, opentelemetry: bool, setup_topology: bool,
     max_seconds: float | None, log_level: str,
 ) -> None:  # fmt: skip
     """Deliver committed outbox messages to brokers until SIGTERM or SIGINT.
@@ -299,6 +306,9 @@ def relay(
         database_urls = urls.databases(databases, db_files)
         broker_urls = urls.brokers(brokers, broker_files)
         logs.hide([*database_urls, *broker_urls.values()])
+        if setup_topology:
+            for line in asyncio.run(set_up(broker_urls)):
+                output.line(f"setup {line}")
         relay_class: type[Relay] = Relay
         if mode == "log":
             from relaybox.relay.log_stream import LogRelay

@@ -66,3 +66,28 @@ class PublisherFeatures:
     deduplicates: bool = False
     #: One publish() call may carry many messages (sent pipelined, confirmed together).
     batching: bool = True
+
+
+class Presence(enum.StrEnum):
+    """What setting up a target found for one thing it needs on the broker."""
+
+    #: It was missing, and is there now.
+    CREATED = "created"
+    #: It was there already, and was left as it is.
+    EXISTED = "existed"
+    #: Declared without asking first, as the broker cannot say whether it was there
+    #: (an AMQP binding): it is there now.
+    ENSURED = "ensured"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Declared:
+    """One thing a target needs on its broker (an exchange, a queue, a binding, a
+    stream, a topic, a consumer group), after `relaybox setup` saw to it."""
+
+    kind: str
+    name: str
+    presence: Presence
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}: {self.presence}"

@@ -9,9 +9,10 @@ from __future__ import annotations
 import importlib
 
 from relaybox.core.extras import needs_extras
+from relaybox.core.publishing import Declared
 from relaybox.core.urls import mask_url
 from relaybox.errors import ConfigurationError
-from relaybox.ports import Publisher
+from relaybox.ports import Publisher, TopologyOwner
 from relaybox.publishers.options import BrokerUrl
 
 #: URL scheme -> the module that publishes to it.
@@ -31,6 +32,10 @@ SCHEMES: dict[str, str] = {
     "mqtts": "mqtt",
     "http": "http",
     "https": "http",
+    "celery+amqp": "celery",
+    "celery+amqps": "celery",
+    "celery+redis": "celery",
+    "celery+rediss": "celery",
 }
 
 
@@ -53,3 +58,13 @@ def open_publisher(url: str) -> Publisher:
     publisher: Publisher = module.from_url(parsed)
     parsed.done()
     return publisher
+
+
+async def setup_topology(url: str) -> list[Declared]:
+    """Create what the target at `url` needs on its broker, as its URL's options say
+    (each publisher's module lists them), leaving what exists; [] for a target that
+    needs nothing. Safe to run again, and while relays run."""
+    publisher = open_publisher(url)
+    if not isinstance(publisher, TopologyOwner):
+        return []
+    return list(await publisher.setup_topology())

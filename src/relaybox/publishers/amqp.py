@@ -10,10 +10,24 @@ to the queue of the same name. A target that needs another exchange gets its own
 Options (in the query string; the rest of the URL goes to aio-pika as it is):
 
 - `exchange`: the exchange to publish to (default: the default exchange, ""). It must
-  exist already; `start()` checks that it does.
+  exist already; `start()` checks that it does (`relaybox setup` can create it).
 - `timeout`: seconds (default 5) for connecting and for a whole `publish()` call; a
   message not confirmed by then is a transient failure.
 - `source`: the CloudEvents `source` attribute (default "relaybox").
+
+Topology, for `relaybox setup` (and `relaybox relay --setup-topology`); the publisher
+itself only reads `exchange`:
+
+- `exchange_type`: direct, topic, fanout or headers (default topic), for an exchange
+  that `setup` creates.
+- `queue`: a durable queue to create and bind to the exchange (to none with the
+  default exchange, which routes by queue name already).
+- `binding_key`: the binding's routing key (default `#` for a topic exchange, the
+  queue's name for a direct one, "" otherwise).
+
+An exchange or queue that exists is left as it is (its type and arguments unchecked:
+whoever made it may have made it a quorum queue); the binding is declared every time,
+which AMQP makes idempotent.
 
 On the wire (CloudEvents AMQP binding, binary mode): the payload is the body; the
 attributes are application headers named `cloudEvents:<name>`; the AMQP properties
@@ -45,7 +59,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
@@ -62,6 +76,8 @@ from pamqp.common import FieldValue
 from relaybox.core import envelope
 from relaybox.core.publishing import (
     ACKED,
+    Declared,
+    Presence,
     PublisherFeatures,
     PublishResult,
     permanent,
@@ -71,7 +87,12 @@ from relaybox.core.publishing import (
 )
 from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_url
-from relaybox.errors import BrokerError, BrokerUnavailableError, InvalidHeadersError
+from relaybox.errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    ConfigurationError,
+    MessageError,
+)
 from relaybox.publishers.options import BrokerUrl
 
 #: The CloudEvents AMQP binding's prefix for attributes in application properties.
@@ -85,13 +106,59 @@ _CONNECTION_ERRORS = (AMQPError, ConnectionError, OSError, TimeoutError)
 _OPENING_ERRORS = (*_CONNECTION_ERRORS, RuntimeError)
 
 
+#: Exchange types `relaybox setup` may declare.
+EXCHANGE_TYPES = ("direct", "topic", "fanout", "headers")
+
+#: Turns a claimed row into what goes on the wire, and its routing key.
+Encoder = Callable[[StoredMessage], tuple[aio_pika.Message, str]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Topology:
+    """What a target needs on RabbitMQ: an exchange, a queue bound to it, or both."""
+
+    exchange: str
+    exchange_type: str = "topic"
+    queue: str | None = None
+    binding_key: str | None = None
+
+    def key(self) -> str:
+        """The binding's routing key: given, or what suits the exchange's type."""
+        if self.binding_key is not None:
+            return self.binding_key
+        if self.exchange_type == "topic":
+            return "#"
+        return (self.queue or "") if self.exchange_type == "direct" else ""
+
+
 def from_url(url: BrokerUrl) -> AmqpPublisher:
+    exchange = url.text("exchange", "")
     return AmqpPublisher(
         url.base,
-        exchange=url.text("exchange", ""),
+        exchange=exchange,
         timeout=url.number("timeout", 5.0, minimum=0.1),
         source=url.source,
+        topology=topology_of(url, exchange),
     )
+
+
+def topology_of(url: BrokerUrl, exchange: str) -> Topology:
+    """The URL's topology options (see the module's docstring)."""
+    kind = url.text("exchange_type", "topic")
+    if kind not in EXCHANGE_TYPES:
+        raise ConfigurationError(
+            f"amqp:// option exchange_type={kind!r}: use {'|'.join(EXCHANGE_TYPES)}"
+        )
+    return Topology(exchange, kind, url.optional_text("queue"), url.optional_text("binding_key"))
+
+
+def cloudevents(source: str) -> Encoder:
+    """The default encoding: the CloudEvents binding, the topic as the routing key."""
+
+    def encode(message: StoredMessage) -> tuple[aio_pika.Message, str]:
+        return amqp_message(message, source), message.topic
+
+    return encode
 
 
 def amqp_message(message: StoredMessage, source: str) -> aio_pika.Message:
@@ -150,18 +217,46 @@ class AmqpPublisher:
         exchange: str = "",
         timeout: float = 5.0,
         source: str = envelope.DEFAULT_SOURCE,
+        topology: Topology | None = None,
+        encode: Encoder | None = None,
+        declare: bool = False,
     ) -> None:
         self._url = url
         self._display = mask_url(url)
         self._exchange = exchange
         self._timeout = timeout
-        self._source = source
+        self._topology = topology or Topology(exchange)
+        self._encode = encode or cloudevents(source)
+        #: Declare the topology in start(), as Celery's producer does before it publishes.
+        self._declare = declare
         self._connection: AbstractConnection | None = None
         self._lane: _Lane | None = None
         # One connection and one shared channel, even under concurrent calls.
         self._lock = asyncio.Lock()
 
+    async def setup_topology(self) -> list[Declared]:
+        """Create the URL's exchange and queue if missing, and bind them."""
+        try:
+            connection = await aio_pika.connect(self._url, timeout=self._timeout)
+        except _OPENING_ERRORS as error:
+            raise BrokerUnavailableError(
+                f"cannot connect to RabbitMQ at {self._display}: {_describe(error)}"
+            ) from error
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await _declare(connection, self._topology)
+        except ChannelClosed as error:  # refused: access, or an argument of the broker's
+            raise BrokerError(f"RabbitMQ at {self._display} refused: {_describe(error)}") from None
+        except _OPENING_ERRORS as error:
+            raise BrokerUnavailableError(
+                f"RabbitMQ at {self._display} failed: {_describe(error)}"
+            ) from error
+        finally:
+            await _close_quietly(connection, self._timeout)
+
     async def start(self) -> None:
+        if self._declare:
+            await self.setup_topology()
         try:
             async with asyncio.timeout(self._timeout):
                 await self._ready()
@@ -221,28 +316,28 @@ class AmqpPublisher:
     async def _send(
         self, lane: _Lane, message: StoredMessage, deadline: float
     ) -> PublishResult | _ChannelLost:
-        if len(message.topic.encode()) > MAX_ROUTING_KEY_BYTES:
-            return permanent(f"topic {message.topic[:40]!r}... is longer than 255 bytes")
         try:
-            outgoing = amqp_message(message, self._source)
-        except InvalidHeadersError as error:  # a stored row's header poses as the envelope's
+            outgoing, routing_key = self._encode(message)
+        except MessageError as error:  # a stored row's header poses as the envelope's
             return permanent(str(error))
+        if len(routing_key.encode()) > MAX_ROUTING_KEY_BYTES:
+            return permanent(f"routing key {routing_key[:40]!r}... is longer than 255 bytes")
         try:
             async with asyncio.timeout_at(deadline):
-                await lane.exchange.publish(outgoing, message.topic, mandatory=True)
+                await lane.exchange.publish(outgoing, routing_key, mandatory=True)
         except asyncio.CancelledError as error:
             task = asyncio.current_task()
             if task is None or task.cancelling():
                 raise  # the call itself is cancelled, not just the confirm it waited for
             return self._lost(error)
         except Exception as error:  # noqa: BLE001 - _failure re-raises what it does not know
-            return self._failure(message, error)
+            return self._failure(routing_key, error)
         return ACKED
 
-    def _failure(self, message: StoredMessage, error: Exception) -> PublishResult | _ChannelLost:
+    def _failure(self, routing_key: str, error: Exception) -> PublishResult | _ChannelLost:
         if isinstance(error, PublishError):
             return permanent(
-                f"unroutable: no queue bound for routing key {message.topic!r} on exchange "
+                f"unroutable: no queue bound for routing key {routing_key!r} on exchange "
                 f"{self._exchange!r} ({_describe(error)})"
             )
         if isinstance(error, DeliveryError):
@@ -297,3 +392,43 @@ class AmqpPublisher:
                 await _close_quietly(self._connection, self._timeout)
                 self._connection, self._lane = None, None
                 return await self._open_lane()
+
+
+async def _declare(connection: AbstractConnection, topology: Topology) -> list[Declared]:
+    declared: list[Declared] = []
+    async with connection.channel() as channel:
+        exchange: AbstractExchange = channel.default_exchange
+        if topology.exchange:
+            found = await _exists(connection, "exchange", topology.exchange)
+            exchange = await channel.declare_exchange(
+                topology.exchange, topology.exchange_type, durable=True, passive=found
+            )
+            declared.append(_declared("exchange", topology.exchange, found))
+        if topology.queue is None:
+            return declared
+        found = await _exists(connection, "queue", topology.queue)
+        queue = await channel.declare_queue(topology.queue, durable=True, passive=found)
+        declared.append(_declared("queue", topology.queue, found))
+        if topology.exchange:
+            await queue.bind(exchange, topology.key())
+            name = f"{topology.exchange} -> {topology.queue} ({topology.key()!r})"
+            declared.append(Declared("binding", name, Presence.ENSURED))
+    return declared
+
+
+async def _exists(connection: AbstractConnection, kind: str, name: str) -> bool:
+    """Whether the exchange or queue exists: a passive declare on a spare channel, as a
+    missing one closes the channel it was asked on."""
+    try:
+        async with connection.channel() as channel:
+            if kind == "exchange":
+                await channel.get_exchange(name, ensure=True)
+            else:
+                await channel.get_queue(name, ensure=True)
+    except ChannelNotFoundEntity:
+        return False
+    return True
+
+
+def _declared(kind: str, name: str, found: bool) -> Declared:
+    return Declared(kind, name, Presence.EXISTED if found else Presence.CREATED)

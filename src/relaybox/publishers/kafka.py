@@ -17,6 +17,12 @@ Options:
     ssl_certfile      with ssl_keyfile: PEM files of a client certificate and its key,
                       for brokers that authenticate clients by certificate.
 
+Topology, for `relaybox setup` (and `relaybox relay --setup-topology`):
+    topics            topics to create if they do not exist (comma-separated) ...
+    partitions        ... with this many partitions each (default 1) ...
+    replication       ... and this replication factor (default 1).
+A topic that exists is left as it is, its partitions unchecked.
+
     kafka://broker.example:9093?security_protocol=SSL&ssl_cafile=/etc/kafka/ca.pem
 
 A kafka:// URL takes no `user:password@`: relaybox does not authenticate to Kafka with
@@ -44,11 +50,14 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kafka_errors
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.protocol.transaction import InitProducerIdRequest
 
 from relaybox.core import envelope
 from relaybox.core.publishing import (
     ACKED,
+    Declared,
+    Presence,
     PublisherFeatures,
     PublishResult,
     permanent,
@@ -119,6 +128,29 @@ def from_url(url: BrokerUrl) -> KafkaPublisher:
         compression=url.optional_text("compression"),
         max_request_size=url.number("max_request_size", 1048576, minimum=1024),
         ssl_context=tls_context(url),
+        topics=topics_of(url),
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Topics:
+    """The topics a target needs, with the partitions and replicas of a new one."""
+
+    names: tuple[str, ...] = ()
+    partitions: int = 1
+    replication: int = 1
+
+
+def topics_of(url: BrokerUrl) -> Topics:
+    """The URL's `topics`, `partitions` and `replication`."""
+    names = tuple(t.strip() for t in url.text("topics", "").split(",") if t.strip())
+    for name in names:
+        if not valid_topic(name):
+            raise ConfigurationError(f"kafka:// option topics: {name[:60]!r} is no topic name")
+    return Topics(
+        names,
+        url.number("partitions", 1, minimum=1),
+        url.number("replication", 1, minimum=1),
     )
 
 
@@ -187,9 +219,11 @@ class KafkaPublisher:
         compression: str | None = None,
         max_request_size: int = 1048576,
         ssl_context: ssl.SSLContext | None = None,
+        topics: Topics | None = None,
     ) -> None:
         """`ssl_context`: connect over TLS with it (None: plaintext)."""
         self.bootstrap_servers = bootstrap_servers
+        self._topics = topics or Topics()
         self._source = source
         self._timeout = timeout
         self._idempotence = idempotence
@@ -214,6 +248,49 @@ class KafkaPublisher:
             retry_backoff_ms=100,
             **self._settings,
         )
+
+    async def setup_topology(self) -> list[Declared]:
+        """Create the URL's topics that do not exist."""
+        if not self._topics.names:
+            return []
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=self._settings["client_id"],
+            request_timeout_ms=int(self._timeout * 1000),
+            security_protocol=self._settings["security_protocol"],
+            ssl_context=self._settings["ssl_context"],
+        )
+        try:
+            await admin.start()
+        except kafka_errors.KafkaError as error:
+            await admin.close()
+            raise BrokerUnavailableError(
+                f"cannot connect to Kafka at {self.bootstrap_servers}: {error}"
+            ) from error
+        try:
+            return [await self._create(admin, name) for name in self._topics.names]
+        except kafka_errors.BrokerResponseError as error:  # refused: not allowed, bad count
+            raise BrokerError(f"Kafka at {self.bootstrap_servers} refused: {error}") from error
+        except kafka_errors.KafkaError as error:
+            raise BrokerUnavailableError(
+                f"Kafka at {self.bootstrap_servers} failed: {error}"
+            ) from error
+        finally:
+            await admin.close()
+
+    async def _create(self, admin: AIOKafkaAdminClient, name: str) -> Declared:
+        topic = NewTopic(name, self._topics.partitions, self._topics.replication)
+        response = await admin.create_topics([topic])
+        ((_, code, *detail),) = response.topic_errors  # (topic, error code, [message])
+        if code == kafka_errors.TopicAlreadyExistsError.errno:
+            return Declared("topic", name, Presence.EXISTED)
+        if code:
+            error = kafka_errors.for_code(code)
+            raise BrokerError(
+                f"Kafka at {self.bootstrap_servers} refused topic {name!r}: "
+                f"{error.__name__} {detail[0] if detail else ''}".rstrip()
+            )
+        return Declared("topic", name, Presence.CREATED)
 
     async def start(self) -> None:
         if self._idempotence == "true":

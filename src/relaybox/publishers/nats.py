@@ -3,11 +3,12 @@
     nats://user:password@127.0.0.1:4222?timeout=5&source=orders
     tls://nats.example.com:4222
 
-The subject is the message's topic; a JetStream stream must capture it (relaybox
-creates no streams). Headers follow the CloudEvents NATS binding in binary mode:
-`ce-id`, `ce-type`, ... , the content type in `content-type`, then the message's own
-headers; the payload is the body. `Nats-Msg-Id` carries the message id, so the stream's
-duplicate window drops a second copy of a message that was published twice.
+The subject is the message's topic; a JetStream stream must capture it (`relaybox
+setup` creates one from the URL's `stream` and `subjects`). Headers follow the
+CloudEvents NATS binding in binary mode: `ce-id`, `ce-type`, ... , the content type in
+`content-type`, then the message's own headers; the payload is the body.
+`Nats-Msg-Id` carries the message id, so the stream's duplicate window drops a second
+copy of a message that was published twice.
 
 Options:
     source           CloudEvents `source` (default "relaybox").
@@ -17,6 +18,11 @@ Options:
     reconnect_wait   seconds between reconnect attempts; the client reconnects for
                      as long as the publisher is open (default 0.5).
     name             the connection's name in the server's monitoring (default "relaybox").
+
+Topology, for `relaybox setup` (and `relaybox relay --setup-topology`):
+    stream           a JetStream stream to create if it does not exist ...
+    subjects         ... capturing these subjects (comma-separated, wildcards allowed).
+A stream that exists is left as it is, its subjects unchecked.
 
 The frames are built here, not by nats-py's `publish()` (see
 `relaybox.publishers.nats_protocol` for why), and written through the client's own
@@ -45,12 +51,15 @@ from typing import cast
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import AuthorizationError, BadHeaderError, BadSubjectError
-from nats.js.errors import NotFoundError
+from nats.errors import Error as NatsError
+from nats.js.errors import APIError, NotFoundError
 
 from relaybox.core import envelope
 from relaybox.core.publishing import (
     ACKED,
+    Declared,
     Outcome,
+    Presence,
     PublisherFeatures,
     PublishResult,
     permanent,
@@ -60,7 +69,12 @@ from relaybox.core.publishing import (
 )
 from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_url
-from relaybox.errors import BrokerUnavailableError, ConfigurationError, InvalidHeadersError
+from relaybox.errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    ConfigurationError,
+    InvalidHeadersError,
+)
 from relaybox.publishers import nats_protocol
 from relaybox.publishers.options import BrokerUrl
 
@@ -83,7 +97,27 @@ def from_url(url: BrokerUrl) -> NatsPublisher:
         connect_timeout=url.number("connect_timeout", 5.0, minimum=0.001),
         reconnect_wait=url.number("reconnect_wait", 0.5, minimum=0.0),
         name=url.text("name", "relaybox"),
+        stream=stream_of(url),
     )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stream:
+    """A JetStream stream a target needs: its name and the subjects it captures."""
+
+    name: str
+    subjects: tuple[str, ...]
+
+
+def stream_of(url: BrokerUrl) -> Stream | None:
+    """The URL's `stream` and `subjects`, which go together."""
+    name, subjects = url.optional_text("stream"), url.optional_text("subjects")
+    listed = tuple(s.strip() for s in (subjects or "").split(",") if s.strip())
+    if (name is None) != (subjects is None) or (name is not None and not (name and listed)):
+        raise ConfigurationError(
+            "nats:// options stream and subjects go together: stream=NAME&subjects=A,B"
+        )
+    return None if name is None else Stream(name, listed)
 
 
 def wire_headers(message: StoredMessage, source: str) -> dict[str, str]:
@@ -260,8 +294,10 @@ class NatsPublisher:
         connect_timeout: float = 5.0,
         reconnect_wait: float = 0.5,
         name: str = "relaybox",
+        stream: Stream | None = None,
     ) -> None:
         self._server = server
+        self._stream = stream
         self._source = source
         self._timeout = timeout
         self._connect_timeout = connect_timeout
@@ -272,6 +308,33 @@ class NatsPublisher:
         self._acks: _Acks | None = None
         self._last_error: Exception | None = None
         self._refused = asyncio.Event()
+
+    async def setup_topology(self) -> list[Declared]:
+        """Create the URL's stream if it does not exist."""
+        if self._stream is None:
+            return []
+        client = Client()
+        try:
+            # nats-py retries a first connection too (max_reconnect_attempts): bound it.
+            async with asyncio.timeout(self._connect_timeout):
+                await client.connect(
+                    servers=[self._server], name=self._name, allow_reconnect=False,
+                    connect_timeout=self._connect_timeout,  # type: ignore[arg-type]
+                    error_cb=self._on_error,
+                )  # fmt: skip
+        except (NatsError, OSError) as error:  # TimeoutError too
+            await client.close()
+            raise BrokerUnavailableError(
+                f"cannot connect to NATS at {self._masked}: {error or 'timed out'}"
+            ) from None
+        try:
+            return [await _ensure_stream(client, self._stream, self._timeout)]
+        except APIError as error:  # overlapping subjects, a bad name, no JetStream
+            raise BrokerError(f"JetStream at {self._masked} refused: {error}") from None
+        except (NatsError, OSError) as error:
+            raise BrokerUnavailableError(f"NATS at {self._masked} failed: {error}") from None
+        finally:
+            await client.close()
 
     async def start(self) -> None:
         self._refused.clear()
@@ -450,3 +513,13 @@ class NatsPublisher:
         if not connected:  # the connection dropped while we waited
             return unavailable(f"NATS connection to {self._masked} lost before the ack")
         return timed_out(f"no JetStream ack within {self._timeout:g} s")
+
+
+async def _ensure_stream(client: Client, stream: Stream, timeout: float) -> Declared:
+    jetstream = client.jetstream(timeout=timeout)
+    try:
+        await jetstream.stream_info(stream.name)
+    except NotFoundError:
+        await jetstream.add_stream(name=stream.name, subjects=list(stream.subjects))
+        return Declared("stream", stream.name, Presence.CREATED)
+    return Declared("stream", stream.name, Presence.EXISTED)

@@ -10,6 +10,14 @@ Options:
     approximate  true|false: trim with `~`, cheap, or exactly (default true).
     timeout      seconds for connecting and for a whole publish() call (default 5).
 
+Topology, for `relaybox setup` (and `relaybox relay --setup-topology`):
+    group        a consumer group to create (XGROUP CREATE ... MKSTREAM) on ...
+    streams      ... each of these topics' streams (comma-separated; prefix prepended),
+    group_start  reading from the stream's first entry ("0", the default: what the
+                 relay sent before the group existed is read too) or only from entries
+                 added afterwards ("$").
+A group that exists is left as it is.
+
 Redis has no CloudEvents binding; an entry's fields are
     data               the payload, as bytes
     datacontenttype    the content type
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import cast
@@ -47,6 +56,8 @@ from redis.typing import EncodableT, FieldT
 from relaybox.core import envelope
 from relaybox.core.publishing import (
     ACKED,
+    Declared,
+    Presence,
     PublisherFeatures,
     PublishResult,
     permanent,
@@ -56,7 +67,12 @@ from relaybox.core.publishing import (
 )
 from relaybox.core.records import StoredMessage
 from relaybox.core.urls import mask_url
-from relaybox.errors import BrokerUnavailableError, ConfigurationError, InvalidHeadersError
+from relaybox.errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    ConfigurationError,
+    InvalidHeadersError,
+)
 from relaybox.publishers import redis_protocol
 from relaybox.publishers.options import BrokerUrl
 
@@ -95,7 +111,31 @@ def from_url(url: BrokerUrl) -> RedisPublisher:
         maxlen=url.number("maxlen", 0, minimum=1) or None,
         approximate=url.flag("approximate", True),
         timeout=url.number("timeout", 5.0, minimum=0.1),
+        groups=groups_of(url),
     )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Groups:
+    """A consumer group a target's streams need, and where it starts reading."""
+
+    group: str
+    streams: tuple[str, ...]
+    start: str = "0"
+
+
+def groups_of(url: BrokerUrl) -> Groups | None:
+    """The URL's `group`, `streams` and `group_start`."""
+    group, streams = url.optional_text("group"), url.optional_text("streams")
+    start = url.text("group_start", "0")
+    listed = tuple(s.strip() for s in (streams or "").split(",") if s.strip())
+    if (group is None) != (streams is None) or (group is not None and not (group and listed)):
+        raise ConfigurationError(
+            "redis:// options group and streams go together: group=NAME&streams=A,B"
+        )
+    if start not in {"0", "$"}:
+        raise ConfigurationError(f"redis:// option group_start={start!r}: use 0 or $")
+    return None if group is None else Groups(group, listed, start)
 
 
 def fields(message: StoredMessage, source: str) -> dict[FieldT, EncodableT]:
@@ -166,9 +206,11 @@ class RedisPublisher:
         maxlen: int | None = None,
         approximate: bool = True,
         timeout: float = 5.0,
+        groups: Groups | None = None,
     ) -> None:
         self.url = url
         self.prefix = prefix
+        self._groups = groups
         self._source = source
         self._trim = redis_protocol.trim_options(maxlen, approximate)
         self._timeout = timeout
@@ -191,6 +233,27 @@ class RedisPublisher:
                 f"cannot reach Redis at {mask_url(self.url)}: {error}"
             ) from error
         self._client = client
+
+    async def setup_topology(self) -> list[Declared]:
+        """Create the URL's consumer group on each of its streams that lacks it."""
+        if self._groups is None:
+            return []
+        groups = self._groups
+        client = aioredis.Redis.from_url(
+            self.url, socket_connect_timeout=self._timeout, socket_timeout=self._timeout
+        )
+        try:
+            return [
+                await _ensure_group(client, self.prefix + topic, groups) for topic in groups.streams
+            ]
+        except redis_errors.ResponseError as error:  # WRONGTYPE, no permission
+            raise BrokerError(f"Redis at {mask_url(self.url)} refused: {error}") from None
+        except (redis_errors.RedisError, OSError) as error:
+            raise BrokerUnavailableError(
+                f"cannot reach Redis at {mask_url(self.url)}: {error}"
+            ) from error
+        finally:
+            await client.aclose()
 
     async def close(self) -> None:
         if self._client is not None:
@@ -265,3 +328,14 @@ async def _reply(connection: AbstractConnection) -> PublishResult:
     except redis_errors.ResponseError as error:  # this XADD's own error reply
         return classify(error)
     return ACKED
+
+
+async def _ensure_group(client: aioredis.Redis, stream: str, groups: Groups) -> Declared:
+    name = f"{groups.group} on {stream}"
+    try:
+        await client.xgroup_create(stream, groups.group, id=groups.start, mkstream=True)
+    except redis_errors.ResponseError as error:
+        if not str(error).startswith("BUSYGROUP"):
+            raise
+        return Declared("consumer group", name, Presence.EXISTED)
+    return Declared("consumer group", name, Presence.CREATED)
