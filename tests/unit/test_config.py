@@ -187,7 +187,6 @@ def test_of_a_url_and_its_file_only_the_nearest_source_counts(tmp_path: Path) ->
 #: RelaySettings fields only code sets, each with the reason.
 CODE_ONLY = {
     "min_poll_interval",  # derived from --idle-interval
-    "listen",  # a relay on PostgreSQL always listens; off only for tests of the poll
     "cleanup_batch",
     "activity_retention",
 }
@@ -201,6 +200,7 @@ FIELD_OPTIONS = {
     "abandoned_retention": "abandoned_retention", "cleanup_interval": "cleanup_interval",
     "shutdown_timeout": "shutdown_timeout", "hold_keys": "hold_keys",
     "activity_interval": "activity_interval", "partition_leases": "no_partition_leases",
+    "listen": "no_listen",
     "retry.base_delay": "retry_base", "retry.max_delay": "retry_max",
     "retry.jitter": "retry_jitter", "retry.max_attempts": "max_attempts",
     "circuit.failure_threshold": "circuit_threshold", "circuit.open_seconds": "circuit_open",

@@ -65,8 +65,9 @@ class Configured(click.Command):
         self.tables = frozenset(tables)
         self.secrets = frozenset(secrets)
         for param in self.params:
-            if isinstance(param, click.Option) and not param.envvar:
-                param.envvar = env_name(key(param))
+            if isinstance(param, click.Option):
+                param.envvar = param.envvar or env_name(key(param))
+                param.show_envvar = True
         self.params.insert(0, _config_option())
 
     def file_key(self, param: click.Parameter) -> str:
@@ -167,6 +168,7 @@ def _config_option() -> click.Option:
         type=click.Path(dir_okay=False),
         metavar="PATH",
         envvar=CONFIG_ENV,
+        show_envvar=True,
         is_eager=True,
         expose_value=False,
         callback=_load,

@@ -205,6 +205,12 @@ _CIRCUIT = _DEFAULTS.circuit
     help="Seconds between reads within the fast window.",
 )
 @click.option(
+    "--no-listen",
+    is_flag=True,
+    help="On PostgreSQL, wake on the poll alone, not on the writers' NOTIFY: for a "
+    "pooler in transaction mode, where a LISTEN reaches no relay.",
+)
+@click.option(
     "--published-retention",
     default=_DEFAULTS.published_retention,
     show_default=True,
@@ -252,7 +258,7 @@ def relay(
     max_in_flight: int, lease_seconds: float, publish_timeout: float, partitions: int,
     no_partition_leases: bool, retry_base: float, retry_max: float, retry_jitter: float,
     max_attempts: int, circuit_threshold: int, circuit_open: float, circuit_max_open: float,
-    idle_interval: float, fast_poll_window: float, fast_poll_interval: float,
+    idle_interval: float, fast_poll_window: float, fast_poll_interval: float, no_listen: bool,
     max_claim_bytes: int,
     published_retention: float, abandoned_retention: float, hold_keys: bool,
     cleanup_interval: float, shutdown_timeout: float, activity_interval: float,
@@ -286,6 +292,7 @@ def relay(
             min_poll_interval=min(_DEFAULTS.min_poll_interval, idle_interval),
             fast_poll_window=fast_poll_window,
             fast_poll_interval=min(fast_poll_interval, idle_interval),
+            listen=not no_listen,
             published_retention=published_retention, abandoned_retention=abandoned_retention,
             cleanup_interval=cleanup_interval, shutdown_timeout=shutdown_timeout,
             hold_keys=hold_keys,
