@@ -121,11 +121,10 @@ class Configured(click.Command):
         if option.name in self.tables:
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
                 raise ConfigurationError(f'{where} {name} must be a table of NAME = "..."')
-            values = [str(v) for v in value.values()]
             if option.name in self.secrets:
                 for target, url in value.items():
                     self._no_secret(url, f"{where} {name}.{target}", option)
-            return [f"{target}={v}" for target, v in value.items()] if values else []
+            return [f"{target}={url}" for target, url in value.items()]
         if option.multiple:
             items = [value] if isinstance(value, str) else value
             if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
