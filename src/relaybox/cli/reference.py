@@ -73,7 +73,7 @@ def updated(page: str) -> str:
         start, stop = page.find(begin), page.find(end)
         if start < 0 or stop < start:
             raise ConfigurationError(f"the page has no {begin} ... {end} markers")
-        page = f"{page[:start]}{begin}\n{table}\n{page[stop:]}"
+        page = f"{page[:start]}{begin}\n\n{table}\n\n{page[stop:]}"
     return page
 
 
