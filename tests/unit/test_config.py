@@ -229,7 +229,8 @@ def test_the_consumer_settings_load_from_arguments_then_environment_then_file(
 ) -> None:
     config = _toml(tmp_path, "[consumer]\nprefetch = 50\nmax_attempts = 8\ntimeout = 3\n")
     environ = {"RELAYBOX_CONSUMER_MAX_ATTEMPTS": "9", "RELAYBOX_CONSUMER_TIMEOUT": "4.5"}
-    settings = SharedSettings.load(config, environ=environ, timeout=6.0)
+    environ["RELAYBOX_CONSUMER_PREFETCH"] = ""  # set empty: not set, as for the relay
+    settings = SharedSettings.load(config, environ=environ, timeout=6.0, reconnect_wait=None)
     assert settings == SharedSettings(prefetch=50, max_attempts=9, timeout=6.0)
     from_variable = SharedSettings.load(environ={"RELAYBOX_CONFIG": config})
     assert from_variable.prefetch == 50

@@ -69,13 +69,15 @@ def load_dataclass(
     environ: Mapping[str, str] | None = None,
     given: Mapping[str, Any] | None = None,
 ) -> T:
-    """A settings dataclass built from `given` (the caller's command line), the
-    environment (`RELAYBOX_<SECTION>_<FIELD>`), `[section]` of the file at `path`
-    (or RELAYBOX_CONFIG), then the class's defaults. Fields are int, float, bool or str."""
+    """A settings dataclass built from `given` (the caller's command line; None: not
+    given), the environment (`RELAYBOX_<SECTION>_<FIELD>`; empty: not set), `[section]`
+    of the file at `path` (or RELAYBOX_CONFIG), then the class's defaults. Fields are
+    int, float, bool or str."""
     environ = os.environ if environ is None else environ
     path = path or environ.get(PREFIX + "CONFIG") or None
     fields = {field.name: field for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown(given or {}, fields, f"{cls.__name__}:")
+    given = {name: value for name, value in (given or {}).items() if value is not None}
+    unknown(given, fields, f"{cls.__name__}:")
     values: dict[str, Any] = {}
     if path is not None:
         in_file = read_section(path, section)
@@ -85,9 +87,9 @@ def load_dataclass(
         }
     for name, field in fields.items():
         variable = env_name(name, section)
-        if variable in environ:
+        if environ.get(variable):
             values[name] = _typed(field.type, environ[variable], variable)
-    values |= dict(given or {})
+    values |= given
     try:
         return cls(**values)
     except (TypeError, ValueError) as error:
