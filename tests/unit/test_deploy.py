@@ -153,6 +153,10 @@ def test_the_container_runs_as_a_user_stops_on_sigterm_and_installs_real_extras(
     assert int(compose["stop_grace_period"].rstrip("s")) > RelaySettings().shutdown_timeout
     (exposed,) = _instruction("EXPOSE")
     assert f"RELAYBOX_HTTP=0.0.0.0:{exposed}" in DOCKERFILE
+    copied = {part for line in _instruction("COPY") if "--from" not in line
+              for part in line.split()[:-1]}  # fmt: skip
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    assert {f"!{path.rstrip('/')}" for path in copied} <= {line.rstrip("/") for line in ignore}
 
 
 async def test_the_container_health_check_passes_on_a_running_relay_and_fails_without(
