@@ -5,6 +5,7 @@ what a bad file or variable says; and the reference in docs/configuration.md."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,6 @@ class Built(Exception):
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
     for name in [name for name in os.environ if name.startswith("RELAYBOX_")]:
         monkeypatch.delenv(name)
 
@@ -273,7 +272,7 @@ def test_a_program_declares_the_consumer_settings_as_options(tmp_path: Path) -> 
     assert "RELAYBOX_CONSUMER_PREFETCH (--prefetch)" in bad.output
 
 
-def test_the_documented_options_are_the_code_s(tmp_path: Path) -> None:
+def test_the_documented_options_are_those_of_the_code(tmp_path: Path) -> None:
     text = DOCS.read_text(encoding="utf-8")
     assert reference.updated(text) == text, (
         "run: relaybox config reference --docs docs/configuration.md"

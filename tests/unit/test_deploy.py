@@ -78,7 +78,7 @@ def test_kustomize_applies_every_manifest_of_the_relay() -> None:
     assert set(listed) == relay_files
 
 
-def test_the_configmap_holds_the_relay_s_relaybox_toml_which_the_relay_accepts(
+def test_the_configmap_holds_deploy_relaybox_toml_which_the_relay_accepts(
     tmp_path: Path,
 ) -> None:
     assert MANIFESTS["ConfigMap/relaybox-config"]["data"]["relaybox.toml"] == TOML
@@ -101,7 +101,7 @@ def test_the_pod_reads_its_config_from_the_configmap_and_its_urls_from_the_secre
     assert "RELAYBOX_BROKER" not in ENV
 
 
-def test_the_probes_hit_the_relay_s_status_endpoints_and_stop_outlasts_its_shutdown() -> None:
+def test_the_probes_hit_the_status_endpoints_and_the_stop_grace_outlasts_the_shutdown() -> None:
     port = int(ENV["RELAYBOX_HTTP"].rpartition(":")[2])
     assert SETTINGS["http"] == ENV["RELAYBOX_HTTP"]
     assert CONTAINER["ports"] == [{"name": "http", "containerPort": port}]
