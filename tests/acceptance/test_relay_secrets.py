@@ -1,4 +1,5 @@
-"""`relaybox relay` with its URLs in the environment and in files, none on its command line.
+"""`relaybox relay` with its URLs in the environment and in files, none on its command line
+(nor, with a configuration file, any other option).
 
 What `ps` shows of the process holds no secret, nor does what it prints or serves, and
 the secrets still do their work: the webhook receives every message signed with the
@@ -55,7 +56,7 @@ def _get(port: int, path: str) -> str:
         return str(answer.read().decode())
 
 
-@pytest.mark.parametrize("where", ["db-in-environment", "db-in-file"])
+@pytest.mark.parametrize("where", ["db-in-environment", "db-in-file", "config-file"])
 async def test_a_relay_runs_with_its_urls_only_in_the_environment_and_files(
     db: OutboxDB, webhook: HttpHarness, tmp_path: Path, where: str
 ) -> None:
@@ -72,6 +73,15 @@ async def test_a_relay_runs_with_its_urls_only_in_the_environment_and_files(
         env["RELAYBOX_DB"] = db_url
         (tmp_path / "hook.url").write_text(hook + "\n")
         command += ["--broker-file", f"default={tmp_path / 'hook.url'}"]
+    elif where == "config-file":  # every option in relaybox.toml, the URLs in files
+        (tmp_path / "db.url").write_text(db_url + "\n")
+        (tmp_path / "hook.url").write_text(hook + "\n")
+        (tmp_path / "relaybox.toml").write_text(
+            f'[relay]\ntable = "{db.table}"\nidle_interval = 0.1\n'
+            f'http = "127.0.0.1:{status_port}"\ndb_file = "{tmp_path / "db.url"}"\n'
+            f'[relay.broker_files]\ndefault = "{tmp_path / "hook.url"}"\n'
+        )
+        command = [RELAYBOX, "relay", "--config", str(tmp_path / "relaybox.toml")]
     else:  # and the broker in the environment
         (tmp_path / "db.url").write_text(db_url + "\n")
         env["RELAYBOX_BROKER"] = f"default={hook}"

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import pathlib
 
 import click
 
 from relaybox.cli import output, urls
-from relaybox.cli.urls import DB_ENV, from_environment
+from relaybox.cli.config import Configured, nearest
+from relaybox.cli.urls import DB_ENV
 from relaybox.core.extras import needs_extras
 from relaybox.core.identifiers import DEFAULT_INBOX, DEFAULT_TABLE
 from relaybox.errors import ConfigurationError, RelayboxError
@@ -21,7 +23,24 @@ TOKEN_ENV = "RELAYBOX_CONSOLE_TOKEN"
 DEFAULT_LISTEN = "127.0.0.1:8470"
 
 
-@click.command()
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConsoleSettings:
+    """What tunes the console besides its databases and its token, which are secrets."""
+
+    #: The outbox table of every database.
+    table: str = DEFAULT_TABLE
+    #: The inbox table of every consumers' database.
+    inbox_table: str = DEFAULT_INBOX
+    #: HOST:PORT (or PORT, on 127.0.0.1) to serve on.
+    listen: str = DEFAULT_LISTEN
+    #: Show messages, refuse every change, whether a token is given or not.
+    read_only: bool = False
+
+
+_DEFAULTS = ConsoleSettings()
+
+
+@click.command(cls=Configured, section="console", secrets=("databases", "inbox_databases"))
 @click.option(
     "--db", "databases", multiple=True, envvar=DB_ENV, metavar="URL",
     help=f"Database URL; repeatable (one table each). Also {DB_ENV}, separated by spaces.",
@@ -30,7 +49,7 @@ DEFAULT_LISTEN = "127.0.0.1:8470"
     "--db-file", "db_files", multiple=True, type=click.Path(dir_okay=False), metavar="PATH",
     help="Read a database URL from this file (keeps the password out of `ps`); repeatable.",
 )  # fmt: skip
-@click.option("--table", default=DEFAULT_TABLE, show_default=True)
+@click.option("--table", default=_DEFAULTS.table, show_default=True, help="The outbox table.")
 @click.option(
     "--inbox-db", "inbox_databases", multiple=True, metavar="URL",
     help="A consumers' database whose inbox to watch; repeatable.",
@@ -40,11 +59,11 @@ DEFAULT_LISTEN = "127.0.0.1:8470"
     metavar="PATH", help="Read a consumers' database URL from this file; repeatable.",
 )  # fmt: skip
 @click.option(
-    "--inbox-table", default=DEFAULT_INBOX, show_default=True,
+    "--inbox-table", default=_DEFAULTS.inbox_table, show_default=True,
     help="The inbox table of each --inbox-db.",
 )  # fmt: skip
 @click.option(
-    "--listen", default=DEFAULT_LISTEN, show_default=True, metavar="HOST:PORT",
+    "--listen", default=_DEFAULTS.listen, show_default=True, metavar="HOST:PORT",
     help="Where to serve; another host than 127.0.0.1 lets other machines read messages.",
 )  # fmt: skip
 @click.option("--read-only", is_flag=True, help="Show messages, refuse every change.")
@@ -68,17 +87,26 @@ def console(
     find stuck messages, see why and what waits behind them, replay, discard, delay,
     expedite, hold or release them, with an audit record; backfill a target.
 
-    The token is never taken on the command line, where every user of the machine can
-    read it: give it in RELAYBOX_CONSOLE_TOKEN or a file."""
+    Every option may also come from the environment (RELAYBOX_<OPTION>) or the
+    [console] section of a TOML file (--config). The token is never taken on the
+    command line or from that file, where others may read it: give it in
+    RELAYBOX_CONSOLE_TOKEN or a file (--token-file)."""
     try:
-        host, port = listen_address(listen)
-        if db_files and from_environment("databases"):
-            databases = ()
-        found = urls.databases(databases, db_files)
-        given = [*inbox_databases, *(urls.read_url(path) for path in inbox_db_files)]
-        inboxes = [InboxWatch(url, inbox_table) for url in given]
+        settings = ConsoleSettings(table, inbox_table, listen, read_only)
+        host, port = listen_address(settings.listen)
+        ctx = click.get_current_context()
+        chosen = nearest(ctx, {"databases": databases, "db_files": db_files})
+        found = urls.databases(chosen["databases"], chosen["db_files"])
+        chosen = nearest(
+            ctx, {"inbox_databases": inbox_databases, "inbox_db_files": inbox_db_files}
+        )
+        given = [*chosen["inbox_databases"], *map(urls.read_url, chosen["inbox_db_files"])]
+        inboxes = [InboxWatch(url, settings.inbox_table) for url in given]
         token = read_token(token_file)
-        asyncio.run(serve(found, table, inboxes, host, port, token=token, read_only=read_only))
+        asyncio.run(
+            serve(found, settings.table, inboxes, host, port, token=token,
+                  read_only=settings.read_only)
+        )  # fmt: skip
     except RelayboxError as exc:
         raise output.Failure(str(exc)) from exc
 

@@ -26,6 +26,7 @@ class _LazyGroup(click.Group):
 
     LAZY: Mapping[str, str] = {
         "console": "relaybox.cli.console:console",
+        "config": "relaybox.cli.config:config",
         "parked": "relaybox.cli.parked:parked",
         "relay": "relaybox.cli.relay:relay",
         "setup": "relaybox.cli.setup:setup",

@@ -6,14 +6,15 @@ import asyncio
 import contextlib
 import dataclasses
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
 
 from relaybox.cli import output, urls
+from relaybox.cli.config import Configured, given_by, nearest
 from relaybox.cli.setup import set_up
-from relaybox.cli.urls import BROKER_ENV, DB_ENV, from_environment
+from relaybox.cli.urls import BROKER_ENV, DB_ENV
 from relaybox.core.circuit import CircuitPolicy
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.retry import RetryPolicy
@@ -111,6 +112,15 @@ async def serve(
     output.line(f"relay {relay.worker} stopped")
 
 
+def _settings(ctx: click.Context, build: Callable[[], RelaySettings]) -> RelaySettings:
+    """`build()`, with an error that names where the values came from when they do not
+    go together."""
+    try:
+        return build()
+    except ConfigurationError as error:
+        raise ConfigurationError(f"{error}{given_by(ctx)}") from None
+
+
 #: With --http, each table's counts are read this often (and when scraped, if older).
 STATS_EVERY = 15.0
 
@@ -120,7 +130,12 @@ _RETRY = _DEFAULTS.retry
 _CIRCUIT = _DEFAULTS.circuit
 
 
-@click.command()
+@click.command(
+    cls=Configured,
+    section="relay",
+    tables=("brokers", "broker_files"),
+    secrets=("databases", "brokers"),
+)
 @click.option(
     "--db",
     "databases",
@@ -154,7 +169,7 @@ _CIRCUIT = _DEFAULTS.circuit
     metavar="NAME=PATH",
     help="Read target NAME's URL from the file PATH (keeps its secrets out of `ps`); repeatable.",
 )
-@click.option("--table", default=DEFAULT_TABLE, show_default=True)
+@click.option("--table", default=DEFAULT_TABLE, show_default=True, help="The outbox table.")
 @click.option(
     "--mode",
     type=click.Choice(["table", "log"]),
@@ -163,16 +178,28 @@ _CIRCUIT = _DEFAULTS.circuit
     help="log: stream what LogOutbox writers emitted from the table's replication slot "
     "(PostgreSQL), with the table relay beside it for what could not be published.",
 )
-@click.option("--batch-size", default=_DEFAULTS.batch_size, show_default=True)
-@click.option("--max-in-flight", default=_DEFAULTS.max_in_flight, show_default=True)
+@click.option(
+    "--batch-size", default=_DEFAULTS.batch_size, show_default=True,
+    help="Rows per read; one statement settles them.",
+)  # fmt: skip
+@click.option(
+    "--max-in-flight", default=_DEFAULTS.max_in_flight, show_default=True,
+    help="Batches being published at once.",
+)  # fmt: skip
 @click.option(
     "--max-claim-bytes",
     default=_DEFAULTS.max_claim_bytes,
     show_default=True,
     help="Payload bytes one batch may hold (a larger message goes alone).",
 )
-@click.option("--lease", "lease_seconds", default=_DEFAULTS.lease_seconds, show_default=True)
-@click.option("--publish-timeout", default=_DEFAULTS.publish_timeout, show_default=True)
+@click.option(
+    "--lease", "lease_seconds", default=_DEFAULTS.lease_seconds, show_default=True,
+    help="Seconds a relay's hold on a row or partition lasts without renewal.",
+)  # fmt: skip
+@click.option(
+    "--publish-timeout", default=_DEFAULTS.publish_timeout, show_default=True,
+    help="Seconds one publish call may take; longer is a transient failure.",
+)  # fmt: skip
 @click.option(
     "--partitions",
     default=_DEFAULTS.partitions,
@@ -190,9 +217,18 @@ _CIRCUIT = _DEFAULTS.circuit
 @click.option(
     "--retry-max", default=_RETRY.max_delay, show_default=True, help="Largest retry delay, s."
 )
-@click.option("--retry-jitter", default=_RETRY.jitter, show_default=True)
-@click.option("--max-attempts", default=_RETRY.max_attempts, show_default=True)
-@click.option("--circuit-threshold", default=_CIRCUIT.failure_threshold, show_default=True)
+@click.option(
+    "--retry-jitter", default=_RETRY.jitter, show_default=True,
+    help="Each delay is randomised within this share either way.",
+)  # fmt: skip
+@click.option(
+    "--max-attempts", default=_RETRY.max_attempts, show_default=True,
+    help="Failed attempts before a message is abandoned (or held).",
+)  # fmt: skip
+@click.option(
+    "--circuit-threshold", default=_CIRCUIT.failure_threshold, show_default=True,
+    help="Consecutive failed publish calls of a target that open its circuit.",
+)  # fmt: skip
 @click.option(
     "--circuit-open", default=_CIRCUIT.open_seconds, show_default=True,
     help="Seconds before a probe.",
@@ -203,7 +239,10 @@ _CIRCUIT = _DEFAULTS.circuit
     show_default=True,
     help="Longest pause between probes (each failed probe doubles it).",
 )
-@click.option("--idle-interval", default=_DEFAULTS.idle_interval, show_default=True)
+@click.option(
+    "--idle-interval", default=_DEFAULTS.idle_interval, show_default=True,
+    help="The longest wait between two reads when there is nothing to do, s.",
+)  # fmt: skip
 @click.option(
     "--fast-poll-window",
     default=_DEFAULTS.fast_poll_window,
@@ -218,20 +257,35 @@ _CIRCUIT = _DEFAULTS.circuit
     help="Seconds between reads within the fast window.",
 )
 @click.option(
+    "--no-listen",
+    is_flag=True,
+    help="On PostgreSQL, wake on the poll alone, not on the writers' NOTIFY: for a "
+    "pooler in transaction mode, where a LISTEN reaches no relay.",
+)
+@click.option(
     "--published-retention",
     default=_DEFAULTS.published_retention,
     show_default=True,
     help="Seconds to keep published rows; 0 deletes them on publish.",
 )
-@click.option("--abandoned-retention", default=_DEFAULTS.abandoned_retention, show_default=True)
+@click.option(
+    "--abandoned-retention", default=_DEFAULTS.abandoned_retention, show_default=True,
+    help="Seconds to keep abandoned rows.",
+)  # fmt: skip
 @click.option(
     "--hold-keys",
     is_flag=True,
     help="Hold a keyed message the relay gives up on, with its key's later messages behind "
     "it, until an operator replays or discards it (keyless ones are abandoned).",
 )
-@click.option("--cleanup-interval", default=_DEFAULTS.cleanup_interval, show_default=True)
-@click.option("--shutdown-timeout", default=_DEFAULTS.shutdown_timeout, show_default=True)
+@click.option(
+    "--cleanup-interval", default=_DEFAULTS.cleanup_interval, show_default=True,
+    help="Seconds between purges of rows past their retention.",
+)  # fmt: skip
+@click.option(
+    "--shutdown-timeout", default=_DEFAULTS.shutdown_timeout, show_default=True,
+    help="Seconds in-flight batches get to finish on SIGTERM or SIGINT.",
+)  # fmt: skip
 @click.option(
     "--activity-interval",
     default=_DEFAULTS.activity_interval,
@@ -258,14 +312,17 @@ _CIRCUIT = _DEFAULTS.circuit
     "`relaybox setup` does.",
 )
 @click.option("--max-seconds", type=float, default=None, help="Stop after this long.")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option(
+    "--log-level", default="INFO", show_default=True,
+    help="The level of the log lines the command prints.",
+)  # fmt: skip
 def relay(
     databases: tuple[str, ...], db_files: tuple[str, ...], brokers: tuple[str, ...],
     broker_files: tuple[str, ...], table: str, mode: str, batch_size: int,
     max_in_flight: int, lease_seconds: float, publish_timeout: float, partitions: int,
     no_partition_leases: bool, retry_base: float, retry_max: float, retry_jitter: float,
     max_attempts: int, circuit_threshold: int, circuit_open: float, circuit_max_open: float,
-    idle_interval: float, fast_poll_window: float, fast_poll_interval: float,
+    idle_interval: float, fast_poll_window: float, fast_poll_interval: float, no_listen: bool,
     max_claim_bytes: int,
     published_retention: float, abandoned_retention: float, hold_keys: bool,
     cleanup_interval: float, shutdown_timeout: float, activity_interval: float,
@@ -274,14 +331,17 @@ def relay(
 ) -> None:  # fmt: skip
     """Deliver committed outbox messages to brokers until SIGTERM or SIGINT.
 
-    Database and broker URLs may come from the environment (RELAYBOX_DB,
-    RELAYBOX_BROKER) or from files (--db-file, --broker-file) instead of the command
-    line, where every user of the machine can read them; an environment variable is
-    read only when neither of its options is given."""
+    Every option may also come from the environment (RELAYBOX_<OPTION>, e.g.
+    RELAYBOX_BATCH_SIZE) or the [relay] section of a TOML file (--config). Database and
+    broker URLs may come from the environment (RELAYBOX_DB, RELAYBOX_BROKER) or from
+    files (--db-file, --broker-file) instead of the command line, where every user of
+    the machine can read them; of a URL option and its file option, only those from the
+    nearest source count (the command line, the environment, then the file)."""
     catch_early_signals()  # until the event loop takes over
     logs = urls.masked_logging(log_level)
+    ctx = click.get_current_context()
     try:
-        settings = RelaySettings(
+        settings = _settings(ctx, lambda: RelaySettings(
             batch_size=batch_size, max_in_flight=max_in_flight, lease_seconds=lease_seconds,
             publish_timeout=publish_timeout, partitions=partitions,
             partition_leases=not no_partition_leases, max_claim_bytes=max_claim_bytes,
@@ -293,16 +353,17 @@ def relay(
             min_poll_interval=min(_DEFAULTS.min_poll_interval, idle_interval),
             fast_poll_window=fast_poll_window,
             fast_poll_interval=min(fast_poll_interval, idle_interval),
+            listen=not no_listen,
             published_retention=published_retention, abandoned_retention=abandoned_retention,
             cleanup_interval=cleanup_interval, shutdown_timeout=shutdown_timeout,
             hold_keys=hold_keys,
             activity_interval=activity_interval or None,
-        )  # fmt: skip
+        ))  # fmt: skip
         address = None if http is None else parse_address(http)  # fails before anything starts
-        if db_files and from_environment("databases"):
-            databases = ()
-        if broker_files and from_environment("brokers"):
-            brokers = ()
+        chosen = nearest(ctx, {"databases": databases, "db_files": db_files})
+        databases, db_files = chosen["databases"], chosen["db_files"]
+        chosen = nearest(ctx, {"brokers": brokers, "broker_files": broker_files})
+        brokers, broker_files = chosen["brokers"], chosen["broker_files"]
         database_urls = urls.databases(databases, db_files)
         broker_urls = urls.brokers(brokers, broker_files)
         logs.hide([*database_urls, *broker_urls.values()])

@@ -23,10 +23,12 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
+import inspect
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Self
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Self
 
+from relaybox.core.config import load_dataclass
 from relaybox.core.incoming import Incoming
 from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError, EnvelopeError
@@ -64,6 +66,27 @@ class SharedSettings:
     #: Seconds before reconnecting after a lost connection, doubled per further failed
     #: attempt up to `MAX_RECONNECT_WAIT` (or this, if it is longer).
     reconnect_wait: float = 1.0
+
+    @classmethod
+    def load(
+        cls,
+        config: str | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        **given: Any,
+    ) -> SharedSettings:
+        """The settings from `given` (the program's own command line), then the
+        environment (RELAYBOX_CONSUMER_<FIELD>, e.g. RELAYBOX_CONSUMER_PREFETCH), then
+        the [consumer] section of the TOML file `config` (or RELAYBOX_CONFIG's), then
+        the defaults. An unknown key or a bad value is a `ConfigurationError` naming it
+        and where it came from."""
+        return load_dataclass(cls, "consumer", path=config, environ=environ, given=given)
+
+    def arguments(self, consumer_class: Callable[..., object]) -> dict[str, Any]:
+        """The settings `consumer_class`'s constructor takes, as its keyword arguments:
+        `NatsConsumer(url, consumer, **settings.arguments(NatsConsumer))`."""
+        taken = inspect.signature(consumer_class).parameters
+        return {name: value for name, value in dataclasses.asdict(self).items() if name in taken}
 
 
 DEFAULTS = SharedSettings()
