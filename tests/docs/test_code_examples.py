@@ -1,4 +1,4 @@
-"""Every ```python block of docs/*.md is executed here, or says why not.
+"""Every ```python block of the pages under docs/ is executed here, or says why not.
 
 A page's blocks run in order in one namespace, as a reader would type them, each page on
 its own: SQLite files under the test's directory, the `memory://` broker, and PostgreSQL
@@ -60,9 +60,9 @@ class Block:
         return f"docs/{self.page}:{self.line}"
 
 
-def blocks(page: Path) -> list[Block]:
-    """The page's python blocks, in the order they appear."""
-    lines = page.read_text(encoding="utf-8").splitlines()
+def blocks(page: str, path: Path | None = None) -> list[Block]:
+    """The python blocks of `page` (docs/PAGE, or the file at `path`), in order."""
+    lines = (path or DOCS / page).read_text(encoding="utf-8").splitlines()
     found: list[Block] = []
     for number, line in enumerate(lines):
         if line.strip() != FENCE:
@@ -72,7 +72,7 @@ def blocks(page: Path) -> list[Block]:
         excerpt, fragment = EXCERPT.fullmatch(before), FRAGMENT.fullmatch(before)
         found.append(
             Block(
-                page=page.name,
+                page=page,
                 line=number + 1,
                 code="\n".join(lines[number + 1 : end]) + "\n",
                 excerpt=excerpt.group(1) if excerpt else None,
@@ -82,7 +82,11 @@ def blocks(page: Path) -> list[Block]:
     return found
 
 
-PAGES = sorted(page.name for page in DOCS.glob("*.md") if blocks(page))
+PAGES = sorted(
+    page
+    for page in (path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.md"))
+    if blocks(page)
+)
 
 
 def _compile(block: Block, code: str) -> Any:
@@ -221,7 +225,7 @@ def _nothing(tmp_path: Path) -> Iterator[Setting]:
 def _module(page: str) -> Iterator[dict[str, Any]]:
     """A module for the page's blocks to run in (a dataclass looks its module up), and
     gone again afterwards."""
-    module = types.ModuleType(f"docs_{page.removesuffix('.md').replace('-', '_')}")
+    module = types.ModuleType("docs_" + re.sub(r"\W", "_", page.removesuffix(".md")))
     sys.modules[module.__name__] = module
     try:
         yield module.__dict__
@@ -237,7 +241,7 @@ def _swapped(code: str, swaps: dict[str, str]) -> str:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_every_python_block_runs_or_says_why_not(page: str, tmp_path: Path) -> None:
-    found = blocks(DOCS / page)
+    found = blocks(page)
     with SETUPS.get(page, _nothing)(tmp_path) as setting, _module(page) as namespace:
         namespace.update(setting.namespace)
         for old in setting.swaps:
@@ -261,7 +265,7 @@ def test_a_block_without_a_marker_is_run(tmp_path: Path) -> None:
         f"{FENCE}\nimport sqlite3\n```\n",
         encoding="utf-8",
     )
-    fragment, plain, excerpt = blocks(page)
+    fragment, plain, excerpt = blocks("page.md", page)
     assert (fragment.fragment, fragment.excerpt) == ("the reader's own connection", None)
     assert (plain.fragment, plain.excerpt, plain.code) == (None, None, "import json\n")
     assert (excerpt.excerpt, excerpt.line) == ("examples/testing/shop.py", 12)
