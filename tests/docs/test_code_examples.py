@@ -190,12 +190,22 @@ def observability(tmp_path: Path) -> Iterator[Setting]:
     )
 
 
+async def _served(app: Any, path: str) -> int:
+    """The status of a GET of `path` from `app`, inside the application's lifespan."""
+    import httpx
+
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client,
+    ):
+        return (await client.get(path)).status_code
+
+
 @contextlib.contextmanager
 def operations(tmp_path: Path) -> Iterator[Setting]:
     """The console mounted in a FastAPI application: its lifespan opens the table and
     the mounted console answers."""
-    from starlette.testclient import TestClient
-
     setting = Setting(
         namespace={
             "DATABASE_URL": _sqlite(tmp_path / "shop.db", table="outbox"),
@@ -203,8 +213,7 @@ def operations(tmp_path: Path) -> Iterator[Setting]:
         }
     )
     yield setting
-    with TestClient(setting.namespace["app"]) as client:  # the namespace the page ran in
-        assert client.get("/ops/").status_code == 200
+    assert asyncio.run(_served(setting.namespace["app"], "/ops/")) == 200
 
 
 SETUPS: dict[str, Setup] = {
