@@ -1,0 +1,123 @@
+"""The wheel and sdist as `python -m build` makes them: what they hold, that their
+metadata passes `twine check`, and that the wheel installed alone into a fresh virtual
+environment imports and runs its command, SQL files included.
+
+The build runs as a user's would (an isolated build environment, the sdist first and the
+wheel built from it), so a file the sdist leaves out fails here too. About 20 s."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import relaybox
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "src" / "relaybox"
+NAME = f"relaybox-{relaybox.__version__}"
+
+pytestmark = pytest.mark.packaging
+
+
+def _run(*command: str | Path, cwd: Path) -> str:
+    """Run `command` outside this checkout's import path and return what it printed."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    done = subprocess.run(
+        [str(part) for part in command],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, f"{command} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    _run(sys.executable, "-m", "build", "--outdir", out, ROOT, cwd=out)
+    return out
+
+
+def _package_files() -> set[str]:
+    """Every file of the source package, as the wheel names it."""
+    return {
+        path.relative_to(PACKAGE.parent).as_posix()
+        for path in PACKAGE.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
+def test_the_wheel_holds_every_file_of_the_package(dist: Path) -> None:
+    with zipfile.ZipFile(dist / f"{NAME}-py3-none-any.whl") as wheel:
+        names = set(wheel.namelist())
+        entry_points = wheel.read(f"{NAME}.dist-info/entry_points.txt").decode()
+    packaged = {name for name in names if name.startswith("relaybox/")}
+    assert packaged == _package_files()
+    for needed in (
+        "relaybox/py.typed",
+        "relaybox/console/static/index.html",
+        "relaybox/console/static/console.js",
+        "relaybox/console/static/console.css",
+        "relaybox/sql/postgresql/migrations/0001_initial.sql",
+        "relaybox/sql/mysql/inbox/migrations/0001_initial.sql",
+        "relaybox/sql/sqlite/queries.sql",
+        "relaybox/integrations/django/migrations/0001_initial.py",
+    ):
+        assert needed in names
+    assert "relaybox = relaybox.cli.main:main" in entry_points
+    assert "relaybox = relaybox.testing.plugin" in entry_points
+
+
+def test_the_sdist_holds_the_sources_tests_and_docs(dist: Path) -> None:
+    with tarfile.open(dist / f"{NAME}.tar.gz") as sdist:
+        names = {name.removeprefix(f"{NAME}/") for name in sdist.getnames()}
+    for needed in ("pyproject.toml", "README.md", "CHANGELOG.md", "mkdocs.yml", "PKG-INFO"):
+        assert needed in names
+    assert {f"src/{name}" for name in _package_files()} <= names
+    assert "docs/index.md" in names
+    assert "tests/packaging/test_distributions.py" in names
+
+
+def test_twine_accepts_both_distributions(dist: Path) -> None:
+    built = sorted(dist.iterdir())
+    assert [path.name for path in built] == [f"{NAME}-py3-none-any.whl", f"{NAME}.tar.gz"]
+    printed = _run(sys.executable, "-m", "twine", "check", "--strict", *built, cwd=dist)
+    assert printed.count("PASSED") == 2
+
+
+def test_the_wheel_installed_alone_runs_its_command(dist: Path, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
+    python = venv / "bin" / "python"
+    wheel = dist / f"{NAME}-py3-none-any.whl"
+    # This environment's pip installs into the new one: the wheel and what its metadata
+    # requires (click), nothing from this checkout.
+    _run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", wheel, cwd=tmp_path)
+
+    where = _run(python, "-c", "import relaybox; print(relaybox.__file__)", cwd=tmp_path)
+    assert Path(where.strip()).is_relative_to(venv)
+    relaybox_command = venv / "bin" / "relaybox"
+    assert relaybox.__version__ in _run(relaybox_command, "--version", cwd=tmp_path)
+    schema = _run(relaybox_command, "schema", "--dialect", "sqlite", cwd=tmp_path)
+    assert "CREATE TABLE" in schema
+    assert "relaybox_outbox" in schema
+
+    # The migrations are read from the installed package's SQL files.
+    database = tmp_path / "shop.db"
+    _run(relaybox_command, "migrate", "--db", f"sqlite:///{database}", cwd=tmp_path)
+    with sqlite3.connect(database) as conn:
+        versions = conn.execute("SELECT version FROM relaybox_outbox_migrations").fetchall()
+    shipped = sorted(int(path.name[:4]) for path in (PACKAGE / "sql/sqlite/migrations").iterdir())
+    assert sorted(version for (version,) in versions) == shipped
