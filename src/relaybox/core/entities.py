@@ -25,6 +25,8 @@ from relaybox.core.partitions import DEFAULT_PARTITIONS, partition_for
 from relaybox.core.records import StoredMessage
 from relaybox.errors import ConfigurationError, InboxError, MessageError
 
+#: How long a dedup store keeps a message id by default: as the relational inbox does.
+DEFAULT_DEDUP_RETENTION = datetime.timedelta(days=7)
 #: The longest entity id or message id the stores keep (the SQL tables' key columns).
 MAX_ID_LENGTH = 255
 
