@@ -1,7 +1,8 @@
-"""Model-based: thousands of histories of two or three copies of each of one or two
-messages, interleaved step by step at every call `EntityConsumer` makes to a store or a
-publisher, with crashes anywhere (a crash's copy is delivered again). At the end of each
-history, every copy delivered until acknowledged, it checks:
+"""Model-based: a thousand histories (thousands under `make fuzz`) of two or three
+copies of each of one or two messages, interleaved step by step at every call
+`EntityConsumer` makes to a store or a publisher, with crashes anywhere (a crash's copy
+is delivered again). At the end of each history, every copy delivered until it is
+acknowledged, it checks:
 
 - effects once: the entity applied each message exactly once;
 - messages at least once, ids stable: each message's outgoing messages were saved under
@@ -236,10 +237,9 @@ class RedisHistories(Histories):
 
 
 TestMemoryHistories = MemoryHistories.TestCase
+#: A thousand histories in a test run (about ten seconds), more under `make fuzz`.
 TestMemoryHistories.settings = settings(
-    settings.get_profile("relaybox"), max_examples=1500, stateful_step_count=30
+    max_examples=max(1000, settings.default.max_examples), stateful_step_count=25
 )
 TestRedisHistories = RedisHistories.TestCase
-TestRedisHistories.settings = settings(
-    settings.get_profile("relaybox"), max_examples=15, stateful_step_count=40
-)
+TestRedisHistories.settings = settings(max_examples=15, stateful_step_count=25)
