@@ -68,7 +68,13 @@ async def stores(name: str, tmp_path: Path, *, retention: float = 3600.0) -> Asy
                 await store.close()
             await _delete_prefix(prefix)
         return
-    url = {"postgresql": PG_URL, "mysql": MYSQL_URL, "sqlite": sqlite_url(tmp_path / "e.db")}[name]
+    url = {
+        "postgresql": PG_URL,
+        "postgresql+psycopg": PG_URL.replace("postgresql://", "postgresql+psycopg://"),
+        "mysql": MYSQL_URL,
+        "mysql+asyncmy": MYSQL_URL.replace("mysql://", "mysql+asyncmy://"),
+        "sqlite": sqlite_url(tmp_path / "e.db"),
+    }[name]
     table = unique_table("ent")
     if name == "sqlite":
         (tmp_path / "e.db").touch()
@@ -83,7 +89,8 @@ async def stores(name: str, tmp_path: Path, *, retention: float = 3600.0) -> Asy
         yield Stores(name, entities, dedup, lambda: pair(make_sql))
     finally:
         if name != "sqlite":
-            execute(url, f"DROP TABLE IF EXISTS {table}, {table}_dedup")
+            execute(url.replace("+psycopg", "").replace("+asyncmy", ""),
+                    f"DROP TABLE IF EXISTS {table}, {table}_dedup")  # fmt: skip
 
 
 async def _delete_prefix(prefix: str) -> None:

@@ -18,7 +18,8 @@ from relaybox.storage.entities.redis import RedisEntityStore
 from relaybox.storage.entities.sql import SqlDedupStore, SqlEntityStore
 from tests.entities.support import BACKENDS, stores
 
-per_backend = pytest.mark.parametrize("backend", BACKENDS)
+#: Each SQL client relaybox speaks, too: PostgreSQL through psycopg, MariaDB through asyncmy.
+per_backend = pytest.mark.parametrize("backend", [*BACKENDS, "postgresql+psycopg", "mysql+asyncmy"])
 
 
 def _outgoing() -> tuple[Outgoing, ...]:
