@@ -4,13 +4,14 @@ and what it hands back to the broker."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from pathlib import Path
 
 import pytest
 
 from relaybox.core.entities import Entity
-from relaybox.errors import BrokerError, EntityConflictError
+from relaybox.errors import BrokerError, EntityConflictError, InboxError
 from relaybox.inbox.consumer import Processed
 from relaybox.inbox.entities import EntityConsumer
 from relaybox.publishers.memory import MemoryPublisher
@@ -244,3 +245,22 @@ async def test_an_entity_that_keeps_changing_hands_the_message_back() -> None:
         await runner.process(incoming("m-1"))
     assert runner.conflicts == 3
     assert publisher.published == []
+
+
+async def test_a_message_without_an_entity_is_parked_on_its_last_attempt() -> None:
+    parked: list[str] = []
+
+    async def park(message: object, error: str) -> None:
+        parked.append(error)
+
+    runner = EntityConsumer(
+        Ledger(), entities=MemoryEntityStore(), dedup=MemoryDedupStore(),
+        publishers={"default": MemoryPublisher()}, park=park,
+    )  # fmt: skip
+    keyless = incoming("m-1", entity="x", delivery_count=1)
+    keyless = dataclasses.replace(keyless, key=None)
+    with pytest.raises(InboxError, match="no key"):
+        await runner.process(keyless, max_attempts=2)
+    last = dataclasses.replace(keyless, delivery_count=2)
+    assert await runner.process(last, max_attempts=2) is Processed.PARKED
+    assert parked == ["InboxError: message m-1 has no key to name its entity by"]
