@@ -123,7 +123,8 @@ class EntityConsumer:
         """Apply `message` once (steps 1-7 above); raise, leaving it unacknowledged, when
         it must come again. APPLIED: the handler's effects were saved by this call;
         DUPLICATE: an earlier delivery saved them (this one may have finished sending
-        them); PARKED: handed to `park`."""
+        them); PARKED: handed to `park`. `redelivered` is taken as the broker consumers
+        pass it and not used: parking goes by the broker's delivery count alone."""
         if max_attempts < 1:
             raise ConfigurationError(f"max_attempts={max_attempts!r}: must be at least 1")
         message_id = check_id("message id", message.id)

@@ -55,10 +55,9 @@ class MemoryDedupStore:
         return expiry is not None and expiry > self.clock()
 
     async def add(self, message_id: str) -> None:
-        key = check_id("message id", message_id)
-        self.expiries.setdefault(key, self.clock() + self.retention)
-        if self.expiries[key] <= self.clock():  # expired: added anew
-            self.expiries[key] = self.clock() + self.retention
+        key, now = check_id("message id", message_id), self.clock()
+        if self.expiries.get(key, now) <= now:  # absent or expired: (re)start its retention
+            self.expiries[key] = now + self.retention
 
     async def close(self) -> None:
         """Nothing to release."""
