@@ -116,6 +116,11 @@ class InboxError(RelayboxError):
     """The inbox cannot check this message as configured."""
 
 
+class EntityConflictError(RelayboxError):
+    """An entity kept changing under its consumer's saves; the message is not acknowledged
+    and comes again."""
+
+
 class BrokerError(RelayboxError):
     """The broker failed."""
 

@@ -23,6 +23,7 @@ from relaybox.core.activity import (
     RelayStatus,
     TargetActivity,
 )
+from relaybox.core.entities import Entity
 from relaybox.core.inspection import (
     AuditRecord,
     BackfillJob,
@@ -350,3 +351,47 @@ class TopologyOwner(Protocol):
         """Create what is missing and leave what exists as it is, on a connection of
         its own (before `start()`, which may check that it exists); safe to call again.
         Raise a relaybox error if the broker cannot be reached or refuses."""
+
+
+@runtime_checkable
+class EntityStore(Protocol):
+    """Where a consumer without a relational transaction keeps its entities
+    (`relaybox.core.entities.Entity`): one record per entity, state and outbox together.
+
+    Reads and writes must go to one linearizable copy of each record (a database's
+    primary, never a replica), or a save's version check compares against a stale
+    version."""
+
+    async def load(self, entity_id: str) -> Entity | None:
+        """The entity as last saved, or None if it never was."""
+
+    async def save(self, entity: Entity, expected_version: int) -> bool:
+        """Write `entity` (state, version and outbox, in one single-record write) if the
+        stored version is still `expected_version` (0: no record yet), atomically;
+        False, writing nothing, when it moved. `entity.version` is the version it is
+        saved as."""
+
+    async def close(self) -> None:
+        """Release the connections the store opened."""
+
+
+@runtime_checkable
+class DedupStore(Protocol):
+    """The ids of messages whose effects were applied and whose messages were sent,
+    each kept for `retention` seconds at least.
+
+    An id added must be seen by every later `processed`, from any process: read and
+    write one linearizable copy (a primary, not a replica, not an eventually consistent
+    store). docs/entities.md says why, and what a too-short retention costs."""
+
+    retention: float
+
+    async def processed(self, message_id: str) -> bool:
+        """Whether `message_id` was added (and has not expired)."""
+
+    async def add(self, message_id: str) -> None:
+        """Record `message_id`, for `retention` seconds at least; adding it again is
+        harmless."""
+
+    async def close(self) -> None:
+        """Release the connections the store opened."""

@@ -67,7 +67,7 @@ from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
 from relaybox.core.urls import mask_url
 from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError, EnvelopeError
-from relaybox.inbox.consumer import Consumer
+from relaybox.inbox.processor import Processor
 from relaybox.publishers.amqp import PREFIX
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class AmqpConsumer(BrokerConsumer):
     def __init__(
         self,
         url: str,
-        consumer: Consumer,
+        consumer: Processor,
         *,
         queue: str,
         exchange: str = "",

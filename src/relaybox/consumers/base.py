@@ -32,7 +32,8 @@ from relaybox.core.config import load_dataclass
 from relaybox.core.incoming import Incoming
 from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError, EnvelopeError
-from relaybox.inbox.consumer import DEFAULT_MAX_ATTEMPTS, Consumer
+from relaybox.inbox.consumer import DEFAULT_MAX_ATTEMPTS
+from relaybox.inbox.processor import Processor
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class BrokerConsumer(abc.ABC):
     """Runs a `Consumer` on one broker's deliveries; use as an async context manager
     (runs in a background task) or await `run()` (runs until cancelled)."""
 
-    def __init__(self, consumer: Consumer, *, max_attempts: int = DEFAULTS.max_attempts) -> None:
+    def __init__(self, consumer: Processor, *, max_attempts: int = DEFAULTS.max_attempts) -> None:
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ConfigurationError(f"max_attempts={max_attempts!r}: must be at least 1")
         self.consumer = consumer

@@ -73,7 +73,8 @@ from relaybox.consumers.base import DEFAULTS
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming, parse_json
 from relaybox.errors import ConfigurationError, EnvelopeError, SignatureError
-from relaybox.inbox.consumer import Consumer, Processed
+from relaybox.inbox.consumer import Processed
+from relaybox.inbox.processor import Processor
 from relaybox.publishers.http import (
     BATCH_CONTENT_TYPE,
     DEFAULT_MAX_BATCH_EVENTS,
@@ -220,7 +221,7 @@ class WebhookReceiver:
 
     def __init__(
         self,
-        consumer: Consumer,
+        consumer: Processor,
         *,
         secret: str | None = None,
         tolerance: float = DEFAULT_TOLERANCE,
@@ -364,7 +365,7 @@ async def _respond(send: Send, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _lifespan(receive: Receive, send: Send, consumer: Consumer) -> None:
+async def _lifespan(receive: Receive, send: Send, consumer: Processor) -> None:
     """Requested replays are applied while the application runs."""
     replays = asyncio.create_task(consumer.maintain(), name="relaybox-replays")
     try:

@@ -75,7 +75,7 @@ from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
 from relaybox.core.urls import mask_url
 from relaybox.errors import BrokerUnavailableError, ConfigurationError, EnvelopeError
-from relaybox.inbox.consumer import Consumer
+from relaybox.inbox.processor import Processor
 from relaybox.publishers.kafka import DEFAULT_PORT, PREFIX
 
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ class KafkaConsumer(BrokerConsumer):
     def __init__(
         self,
         url: str,
-        consumer: Consumer,
+        consumer: Processor,
         *,
         topics: str | Iterable[str],
         group_id: str,

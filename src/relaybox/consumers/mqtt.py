@@ -92,7 +92,7 @@ from relaybox.consumers.base import (
 from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
 from relaybox.errors import BrokerError, BrokerUnavailableError, ConfigurationError, EnvelopeError
-from relaybox.inbox.consumer import Consumer
+from relaybox.inbox.processor import Processor
 from relaybox.publishers.options import BrokerUrl
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ class MqttConsumer(BrokerConsumer):
     def __init__(
         self,
         url: str,
-        consumer: Consumer,
+        consumer: Processor,
         *,
         topics: Sequence[str] | str,
         client_id: str,

@@ -60,7 +60,7 @@ from relaybox.core import envelope
 from relaybox.core.incoming import Incoming
 from relaybox.core.urls import mask_url
 from relaybox.errors import BrokerUnavailableError, ConfigurationError, EnvelopeError
-from relaybox.inbox.consumer import Consumer
+from relaybox.inbox.processor import Processor
 from relaybox.publishers.nats import PREFIX
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class NatsConsumer(BrokerConsumer):
     def __init__(
         self,
         url: str,
-        consumer: Consumer,
+        consumer: Processor,
         *,
         stream: str,
         subject: str | None = None,

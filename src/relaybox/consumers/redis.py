@@ -64,7 +64,7 @@ from relaybox.core.ids import instance_name
 from relaybox.core.incoming import Incoming
 from relaybox.core.urls import mask_url
 from relaybox.errors import BrokerUnavailableError, ConfigurationError, EnvelopeError
-from relaybox.inbox.consumer import Consumer
+from relaybox.inbox.processor import Processor
 from relaybox.publishers.redis import CONTENT_TYPE_FIELD, DATA_FIELD, HEADER_PREFIX
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ class RedisConsumer(BrokerConsumer):
     def __init__(
         self,
         url: str,
-        consumer: Consumer,
+        consumer: Processor,
         *,
         stream: str,
         group: str = "relaybox",

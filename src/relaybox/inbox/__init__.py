@@ -3,10 +3,13 @@
 `Inbox` records a processed message in the consumer's own transaction; `Consumer` runs
 a handler inside such a transaction; `relaybox.consumers.*` feed it from each broker
 and acknowledge only after the commit. docs/inbox.md explains the modes and guarantees.
+`EntityConsumer` does the same for state kept outside a relational transaction
+(docs/entities.md).
 """
 
 from relaybox.core.incoming import Incoming
 from relaybox.inbox.consumer import Consumer, Processed, Transaction
+from relaybox.inbox.entities import EntityConsumer
 from relaybox.inbox.inbox import (
     DEFAULT_PURGE_BATCH,
     DEFAULT_RETENTION,
@@ -23,6 +26,7 @@ __all__ = [
     "MODES",
     "SCOPES",
     "Consumer",
+    "EntityConsumer",
     "Inbox",
     "Incoming",
     "Mode",

@@ -50,6 +50,7 @@ from relaybox.core.incoming import Incoming
 from relaybox.core.publishing import ACKED, Outcome, PublishResult, transient
 from relaybox.core.records import StoredMessage
 from relaybox.core.signals import LAG_BUCKETS, PUBLISH_BUCKETS
+from relaybox.errors import ConfigurationError
 from relaybox.inbox.consumer import Consumer, Processed
 from relaybox.ports import Publisher
 
@@ -120,6 +121,11 @@ def instrument_consumer(
     OpenTelemetry. A broker consumer (`relaybox.consumers.*`) also names its broker
     (`messaging.system`) and adds its rejected and redelivered deliveries."""
     inner = consumer if isinstance(consumer, Consumer) else consumer.consumer
+    if not isinstance(inner, Consumer):
+        raise ConfigurationError(
+            "instrument_consumer traces a relational Consumer (relaybox.inbox.Consumer); "
+            f"this broker consumer hands its deliveries to a {type(inner).__name__}"
+        )
     broker = None if isinstance(consumer, Consumer) else consumer
     system = "relaybox" if broker is None else _system(broker)
     meter = _meter(meter_provider) if metrics else None

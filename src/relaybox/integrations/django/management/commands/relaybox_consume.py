@@ -56,17 +56,17 @@ class Command(BaseCommand):  # type: ignore[misc]
                     f"(configured: {known})"
                 )
             consumer = _consumer(given, _inbox(given, conf.inbox_table), conf.database)
-            asyncio.run(self._run(_broker(given, consumer), options["max_seconds"]))
+            asyncio.run(self._run(_broker(given, consumer), given.name, options["max_seconds"]))
         except (RelayboxError, TimeoutError) as error:  # TimeoutError: it never started
             raise CommandError(str(error)) from error
 
-    async def _run(self, broker: BrokerConsumer, max_seconds: float | None) -> None:
+    async def _run(self, broker: BrokerConsumer, name: str, max_seconds: float | None) -> None:
         with stop_signal() as stop:
             async with broker:
-                self.stdout.write(f"consumer {broker.consumer.inbox.consumer} running")
+                self.stdout.write(f"consumer {name} running")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), max_seconds)
-        self.stdout.write(f"consumer {broker.consumer.inbox.consumer} stopped")
+        self.stdout.write(f"consumer {name} stopped")
 
 
 def _inbox(given: ConsumerSettings, table: str) -> Inbox:
