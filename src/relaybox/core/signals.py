@@ -19,6 +19,20 @@ PUBLISH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                300.0, 1800.0, 3600.0)  # fmt: skip
 
+#: A processor's counters, as every exporter names them: (attribute of
+#: ProcessorMetrics, metric name, help).
+PROCESSOR_COUNTERS = (
+    ("claims", "relaybox_relay_claims", "Claims (reads of a batch) made"),
+    ("claimed", "relaybox_relay_claimed_messages", "Messages claimed for publishing"),
+    ("leases_lost", "relaybox_relay_leases_lost", "Batches given up because a lease ran out"),
+    ("heartbeats", "relaybox_relay_heartbeats", "Partition lease heartbeats that succeeded"),
+    ("purged", "relaybox_relay_purged_messages", "Finished rows deleted past their retention"),
+)
+#: What the settles recorded in the table, by outcome.
+SETTLED_OUTCOMES = ("published", "failed", "abandoned", "released")
+#: What became of each message a target's publisher was given, by outcome.
+TARGET_OUTCOMES = ("acked", "retried", "abandoned", "unavailable")
+
 
 class Histogram:
     """Counts of observations at or below each bound, as Prometheus histograms keep."""

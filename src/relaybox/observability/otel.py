@@ -49,7 +49,13 @@ from relaybox.core.extras import needs_extras
 from relaybox.core.incoming import Incoming
 from relaybox.core.publishing import ACKED, Outcome, PublishResult, transient
 from relaybox.core.records import StoredMessage
-from relaybox.core.signals import LAG_BUCKETS, PUBLISH_BUCKETS
+from relaybox.core.signals import (
+    LAG_BUCKETS,
+    PROCESSOR_COUNTERS,
+    PUBLISH_BUCKETS,
+    SETTLED_OUTCOMES,
+    TARGET_OUTCOMES,
+)
 from relaybox.errors import ConfigurationError
 from relaybox.inbox.consumer import Consumer, Processed
 from relaybox.ports import Publisher
@@ -72,16 +78,6 @@ _W3C = TraceContextTextMapPropagator()
 #: name the broker differently from relaybox.
 _SYSTEMS = {"amqp": "rabbitmq"}
 
-#: The relay's processor counters: (attribute of ProcessorMetrics, name, description).
-_PROCESSOR_COUNTERS = (
-    ("claims", "relaybox_relay_claims", "Claims (reads of a batch) made"),
-    ("claimed", "relaybox_relay_claimed_messages", "Messages claimed for publishing"),
-    ("leases_lost", "relaybox_relay_leases_lost", "Batches given up because a lease ran out"),
-    ("heartbeats", "relaybox_relay_heartbeats", "Partition lease heartbeats that succeeded"),
-    ("purged", "relaybox_relay_purged_messages", "Finished rows deleted past their retention"),
-)
-_SETTLED = ("published", "failed", "abandoned", "released")
-_TARGET_OUTCOMES = ("acked", "retried", "abandoned", "unavailable")
 #: A consumer's counts by outcome: (attribute of Consumer, outcome).
 _CONSUMER_OUTCOMES = (
     ("applied", "applied"), ("duplicates", "duplicate"), ("parked", "parked"),
@@ -289,7 +285,7 @@ def _failed(span: Span, kind: str, description: str) -> None:
 
 def _observe_relay(meter: Meter, relay: Relay) -> None:
     """The relay's counters, read when the SDK collects."""
-    for attribute, name, text in _PROCESSOR_COUNTERS:
+    for attribute, name, text in PROCESSOR_COUNTERS:
         meter.create_observable_counter(
             name, [_processor_counter(relay, attribute)], description=text
         )
@@ -319,7 +315,7 @@ def _processor_counter(relay: Relay, attribute: str) -> Callback:
 def _settled(relay: Relay) -> Callback:
     def observe(_: CallbackOptions) -> Iterator[Observation]:
         for processor in relay.processors:
-            for outcome in _SETTLED:
+            for outcome in SETTLED_OUTCOMES:
                 value = getattr(processor.metrics, outcome)
                 yield Observation(value, {"database": processor.name, "outcome": outcome})
 
@@ -329,7 +325,7 @@ def _settled(relay: Relay) -> Callback:
 def _target_outcomes(relay: Relay) -> Callback:
     def observe(_: CallbackOptions) -> Iterator[Observation]:
         for target, counters in relay.target_counters().items():
-            for outcome in _TARGET_OUTCOMES:
+            for outcome in TARGET_OUTCOMES:
                 value = getattr(counters, outcome)
                 yield Observation(value, {"target": target, "outcome": outcome})
 

@@ -21,7 +21,12 @@ from typing import TYPE_CHECKING
 
 from relaybox.core.circuit import CircuitState
 from relaybox.core.extras import needs_extras
-from relaybox.core.signals import Histogram
+from relaybox.core.signals import (
+    PROCESSOR_COUNTERS,
+    SETTLED_OUTCOMES,
+    TARGET_OUTCOMES,
+    Histogram,
+)
 
 with needs_extras("Prometheus metrics"):
     from prometheus_client import CollectorRegistry, generate_latest
@@ -38,16 +43,6 @@ if TYPE_CHECKING:
     from relaybox.relay.engine import Relay
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-
-#: A processor's counters: (attribute of ProcessorMetrics, metric name, help).
-_PROCESSOR_COUNTERS = (
-    ("claims", "relaybox_relay_claims", "Claims (reads of a batch) made"),
-    ("claimed", "relaybox_relay_claimed_messages", "Messages claimed for publishing"),
-    ("leases_lost", "relaybox_relay_leases_lost", "Batches given up because a lease ran out"),
-    ("heartbeats", "relaybox_relay_heartbeats", "Partition lease heartbeats that succeeded"),
-    ("purged", "relaybox_relay_purged_messages", "Finished rows deleted past their retention"),
-)
-_SETTLED = ("published", "failed", "abandoned", "released")
 
 
 class RelayCollector(Collector):
@@ -69,7 +64,7 @@ class RelayCollector(Collector):
         info.add_metric([relay.worker, relay.table, _version()], 1)
         yield info
         labels = ["database"]
-        for attribute, name, text in _PROCESSOR_COUNTERS:
+        for attribute, name, text in PROCESSOR_COUNTERS:
             family = CounterMetricFamily(name, text, labels=labels)
             for processor in relay.processors:
                 family.add_metric([processor.name], getattr(processor.metrics, attribute))
@@ -93,7 +88,7 @@ class RelayCollector(Collector):
         for processor in relay.processors:
             for target, count in processor.unserved.items():
                 unserved.add_metric([processor.name, target], count)
-            for outcome in _SETTLED:
+            for outcome in SETTLED_OUTCOMES:
                 settled.add_metric([processor.name, outcome], getattr(processor.metrics, outcome))
             if processor.partitions_held is not None:
                 held.add_metric([processor.name], processor.partitions_held)
@@ -189,7 +184,7 @@ class RelayCollector(Collector):
         unreachable = self._relay.unreachable
         states = self._relay.circuit_states()
         for target, counters in self._relay.target_counters().items():
-            for outcome in ("acked", "retried", "abandoned", "unavailable"):
+            for outcome in TARGET_OUTCOMES:
                 outcomes.add_metric([target, outcome], getattr(counters, outcome))
             seconds.add_metric([target], *_buckets(counters.publish_seconds))
             lag.add_metric([target], *_buckets(counters.lag_seconds))
