@@ -7,17 +7,25 @@ wheel built from it), so a file the sdist leaves out fails here too. About 20 s.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
 import tarfile
+import time
+import uuid
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import relaybox
+from tests.databases import PG_URL
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "relaybox"
@@ -121,3 +129,107 @@ def test_the_wheel_installed_alone_runs_its_command(dist: Path, tmp_path: Path) 
         versions = conn.execute("SELECT version FROM relaybox_outbox_migrations").fetchall()
     shipped = sorted(int(path.name[:4]) for path in (PACKAGE / "sql/sqlite/migrations").iterdir())
     assert sorted(version for (version,) in versions) == shipped
+
+
+@pytest.fixture
+def postgres_database() -> Iterator[str]:
+    """A PostgreSQL database of the test's own, dropped afterwards."""
+    import psycopg
+
+    name = f"relaybox_pkg_{uuid.uuid4().hex[:12]}"
+    admin = PG_URL.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        yield name
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_a_django_project_on_the_wheel_with_django_and_postgres_delivers(
+    dist: Path, tmp_path: Path, postgres_database: str
+) -> None:
+    """A fresh virtual environment with only `relaybox[django,postgres]` from the built
+    wheel (and Django's own PostgreSQL driver): examples/django migrates, writes an
+    order and its message, and its relay command delivers the message."""
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
+    python = venv / "bin" / "python"
+    wheel = dist / f"{NAME}-py3-none-any.whl"
+    _run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet",
+         f"{wheel}[django,postgres]", "psycopg[binary]", cwd=tmp_path)  # fmt: skip
+    project = tmp_path / "django"
+    shutil.copytree(ROOT / "examples" / "django", project,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.db"))  # fmt: skip
+    delivered = tmp_path / "delivered.jsonl"
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(SHOP_POSTGRES=postgres_database, SHOP_BROKER=f"file://{delivered}")
+
+    def manage(*arguments: str) -> str:
+        done = subprocess.run([str(python), "manage.py", *arguments], cwd=project, env=env,
+                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    manage("migrate", "-v", "0")
+    assert "order 1 placed" in manage("place_order", "book")
+    relay = subprocess.Popen(
+        [str(python), "manage.py", "relaybox_relay"], cwd=project, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (delivered.exists() and delivered.read_text().strip()):
+            assert relay.poll() is None, relay.communicate()[0]
+            assert time.monotonic() < deadline, "the relay delivered nothing within 60 s"
+            time.sleep(0.1)
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        output, _ = relay.communicate(timeout=60)
+    assert relay.returncode == 0, output
+    (line,) = delivered.read_text().splitlines()
+    event = json.loads(line)
+    assert (event["topic"], event["data"]) == ("orders", {"order": 1, "item": "book"})
+
+
+#: A module of relaybox that needs each extra's libraries, by extra.
+EXTRA_MODULES = {
+    "postgres": "relaybox.storage.postgres", "psycopg": "psycopg", "mysql": "aiomysql",
+    "asyncmy": "asyncmy", "sqlite": "aiosqlite", "sqlalchemy": "relaybox.integrations.sqlalchemy",
+    "django": "relaybox.integrations.django.database", "alembic": "relaybox.integrations.alembic",
+    "flask": "relaybox.integrations.flask", "fastapi": "fastapi",
+    "nats": "relaybox.publishers.nats", "amqp": "relaybox.publishers.amqp",
+    "kafka": "relaybox.publishers.kafka", "redis": "relaybox.publishers.redis",
+    "mqtt": "relaybox.publishers.mqtt", "http": "relaybox.publishers.http",
+    "celery": "relaybox.publishers.celery", "tracing": "relaybox.observability.otel",
+    "metrics": "relaybox.observability.prometheus", "cli": "rich.progress",
+    "console": "relaybox.console.app",
+}  # fmt: skip
+
+
+def test_every_extra_installs_from_the_wheel_and_its_modules_import(
+    dist: Path, tmp_path: Path
+) -> None:
+    """`relaybox[all]` from the built wheel into a fresh virtual environment: pip finds
+    every requirement consistent, and a module needing each extra imports from there."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    every = re.fullmatch(r"relaybox\[(.*)\]", extras["all"][0])
+    assert every is not None
+    named = {*every[1].split(","), *(e for e in ("nats", "amqp", "kafka", "redis", "mqtt",
+                                                  "http", "celery") if e in extras)}  # fmt: skip
+    named.discard("brokers")
+    assert named == set(EXTRA_MODULES)  # a new extra needs its module here
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
+    python = venv / "bin" / "python"
+    wheel = dist / f"{NAME}-py3-none-any.whl"
+    _run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet",
+         f"{wheel}[all]", cwd=tmp_path)  # fmt: skip
+    _run(sys.executable, "-m", "pip", "--python", python, "check", cwd=tmp_path)
+    imports = "; ".join(f"import {module}" for module in sorted(EXTRA_MODULES.values()))
+    _run(python, "-c", f"{imports}; import relaybox; print(relaybox.__file__)", cwd=tmp_path)

@@ -12,6 +12,13 @@ DATABASES = {
         "NAME": os.environ.get("SHOP_DB", BASE_DIR / "shop.db"),
     }
 }
+if os.environ.get("SHOP_POSTGRES"):  # a PostgreSQL database of this name instead
+    DATABASES["default"] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ["SHOP_POSTGRES"],
+        "HOST": "127.0.0.1",
+        "USER": "postgres",
+    }
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
