@@ -237,9 +237,10 @@ class RedisHistories(Histories):
 
 
 TestMemoryHistories = MemoryHistories.TestCase
-#: A thousand histories in a test run (about ten seconds), more under `make fuzz`.
+#: Two thousand histories in a test run (about fifteen seconds on two cores), more
+#: under `make fuzz`.
 TestMemoryHistories.settings = settings(
-    max_examples=max(1000, settings.default.max_examples), stateful_step_count=25
+    max_examples=max(2000, settings.default.max_examples), stateful_step_count=25
 )
 TestRedisHistories = RedisHistories.TestCase
 TestRedisHistories.settings = settings(max_examples=15, stateful_step_count=25)
