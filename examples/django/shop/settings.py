@@ -19,6 +19,16 @@ if os.environ.get("SHOP_POSTGRES"):  # a PostgreSQL database of this name instea
         "HOST": "127.0.0.1",
         "USER": "postgres",
     }
+if os.environ.get("SHOP_MYSQL"):  # a MariaDB or MySQL database of this name instead
+    import pymysql
+
+    pymysql.install_as_MySQLdb()  # Django's MySQL backend over PyMySQL, not mysqlclient
+    DATABASES["default"] = {
+        "ENGINE": "django.db.backends.mysql",
+        "NAME": os.environ["SHOP_MYSQL"],
+        "HOST": "127.0.0.1",
+        "USER": "root",
+    }
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
