@@ -38,6 +38,7 @@ _SERVERS: dict[str, tuple[str, Callable[[str], None], str]] = {
     "postgresql": ("SHOP_POSTGRES", _postgres, " WITH (FORCE)"),
     "mariadb": ("SHOP_MYSQL", _mariadb, ""),
 }
+_VARIABLES = {variable for variable, _, _ in _SERVERS.values()}
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
@@ -46,7 +47,8 @@ def shop(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[dict[
     makes of it: a SQLite file (the runner tests in memory), or a PostgreSQL or MariaDB
     database of the test's own, dropped afterwards with the runner's `test_` database
     if one is left."""
-    env = {**os.environ, "SHOP_DB": str(tmp_path / "shop.db")}
+    env = {name: value for name, value in os.environ.items() if name not in _VARIABLES}
+    env["SHOP_DB"] = str(tmp_path / "shop.db")
     if request.param == "sqlite":
         yield env, "file:memorydb_default?mode=memory&cache=shared"
         return
