@@ -1,5 +1,9 @@
 """examples/celery: an order and its receipt task committed together, relayed to Redis,
-run by a real Celery worker of the example's own app."""
+run by a real Celery worker of the example's own app.
+
+`receipt_task_runs_once` takes the Python that runs the shop and the worker, so the
+packaging tests run the same steps from a fresh virtual environment holding the built
+wheel."""
 
 from __future__ import annotations
 
@@ -21,26 +25,34 @@ REDIS = "redis://127.0.0.1:6379/0"
 
 
 async def test_the_receipt_task_runs_once(tmp_path: Path) -> None:
+    await receipt_task_runs_once(Path(sys.executable), tmp_path)
+
+
+async def receipt_task_runs_once(python: Path, tmp_path: Path) -> None:
+    """Migrate the shop's and the worker's SQLite files, start a worker with `python` on
+    a queue of its own, place an order and find its receipt written once. The worker is
+    stopped and the queue's Redis keys deleted after."""
     queue = f"rbtest-example-{uuid.uuid4().hex[:10]}"
     receipts, database = tmp_path / "receipts.db", tmp_path / "shop.db"
-    env = {
-        **os.environ, "CELERY_BROKER": REDIS, "CELERY_QUEUE": queue,
-        "RECEIPTS_DB": str(receipts), "SHOP_DB": str(database),
-    }  # fmt: skip
-    relaybox = [sys.executable, "-m", "relaybox", "migrate"]
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(
+        CELERY_BROKER=REDIS, CELERY_QUEUE=queue,
+        RECEIPTS_DB=str(receipts), SHOP_DB=str(database),
+    )  # fmt: skip
+    relaybox = [python, "-m", "relaybox", "migrate"]
     subprocess.run([*relaybox, "--db", f"sqlite:///{database}"], check=True, capture_output=True)
     subprocess.run(
         [*relaybox, "--db", f"sqlite:///{receipts}", "--inbox"], check=True, capture_output=True
     )
     with (tmp_path / "worker.log").open("ab") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "solo",
+            [python, "-m", "celery", "-A", "tasks", "worker", "--pool", "solo",
              "--without-heartbeat", "--without-gossip", "--without-mingle"],
             cwd=EXAMPLE, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
         shop = subprocess.run(
-            [sys.executable, "shop.py", "7", "ada@example.com"],
+            [python, "shop.py", "7", "ada@example.com"],
             cwd=EXAMPLE, env=env, check=True, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         task_id = shop.stdout.split()[4]

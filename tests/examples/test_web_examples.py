@@ -1,10 +1,14 @@
 """examples/fastapi and examples/flask, each served by a real server process against a
 SQLite file and an embedded NATS JetStream server: an order posted over HTTP arrives on
-NATS as its event, published by the relay inside the web process."""
+NATS as its event, published by the relay inside the web process.
+
+`order_arrives_on_nats` takes the Python that runs the server, so the packaging tests
+run the same steps from a fresh virtual environment holding the built wheel."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -19,14 +23,27 @@ from pathlib import Path
 import nats
 import pytest
 
-from relaybox.migrations import migrate
 from relaybox.tools.embedded_nats import EmbeddedNats
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+#: How each example is served: `python -m` and these arguments, `{port}` filled in.
+SERVERS = {
+    "fastapi": ["uvicorn", "app:app", "--port", "{port}"],
+    "flask": ["gunicorn", "--preload", "-w", "2", "app:app", "-b", "127.0.0.1:{port}"],
+}
+
+
 @pytest.fixture
 def broker() -> Iterator[EmbeddedNats]:
+    with nats_broker() as server:
+        yield server
+
+
+@contextlib.contextmanager
+def nats_broker() -> Iterator[EmbeddedNats]:
+    """A private NATS JetStream server with the examples' `ORDERS` stream."""
     server = EmbeddedNats().start()
     try:
         asyncio.run(_add_stream(server.url))
@@ -79,23 +96,27 @@ def _post(port: int, body: bytes, proc: subprocess.Popen[bytes]) -> tuple[int, d
             time.sleep(0.1)
 
 
-@pytest.mark.parametrize(
-    ("example", "server"),
-    [
-        ("fastapi", ["uvicorn", "app:app", "--port"]),
-        ("flask", ["gunicorn", "--preload", "-w", "2", "app:app", "-b", "127.0.0.1"]),
-    ],
-)
+@pytest.mark.parametrize("example", sorted(SERVERS))
 def test_an_order_posted_to_the_example_arrives_on_nats(
-    example: str, server: list[str], broker: EmbeddedNats, tmp_path: Path
+    example: str, broker: EmbeddedNats, tmp_path: Path
 ) -> None:
-    db = tmp_path / "shop.db"
-    asyncio.run(migrate(f"sqlite:///{db}"))
+    order_arrives_on_nats(example, Path(sys.executable), broker, tmp_path)
+
+
+def order_arrives_on_nats(example: str, python: Path, broker: EmbeddedNats, tmp_path: Path) -> None:
+    """Migrate a SQLite file, serve the example with `python`, post an order and find its
+    event on NATS; an order missing its total is refused. The server is stopped after."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(SHOP_DB=str(tmp_path / "shop.db"), NATS_URL=broker.url)
+    subprocess.run(
+        [python, "-m", "relaybox", "migrate", "--db", f"sqlite:///{env['SHOP_DB']}"],
+        env=env, check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
     port = _free_port()
-    bind = f"{server.pop()}:{port}" if example == "flask" else str(port)
+    server = [part.format(port=port) for part in SERVERS[example]]
     proc = subprocess.Popen(
-        [sys.executable, "-m", *server, bind], cwd=EXAMPLES / example,
-        env={**os.environ, "SHOP_DB": str(db), "NATS_URL": broker.url},
+        [python, "-m", *server],
+        cwd=EXAMPLES / example, env=env,
         stdout=subprocess.DEVNULL, stderr=(tmp_path / "server.log").open("w"),
     )  # fmt: skip
     try:

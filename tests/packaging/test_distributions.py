@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -26,6 +27,8 @@ import pytest
 
 import relaybox
 from tests.databases import PG_URL
+from tests.examples.test_celery_example import receipt_task_runs_once
+from tests.examples.test_web_examples import SERVERS, nats_broker, order_arrives_on_nats
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "relaybox"
@@ -233,3 +236,45 @@ def test_every_extra_installs_from_the_wheel_and_its_modules_import(
     _run(sys.executable, "-m", "pip", "--python", python, "check", cwd=tmp_path)
     imports = "; ".join(f"import {module}" for module in sorted(EXTRA_MODULES.values()))
     _run(python, "-c", f"{imports}; import relaybox; print(relaybox.__file__)", cwd=tmp_path)
+
+
+def _venv_as_the_readme_installs(example: str, dist: Path, tmp_path: Path) -> Path:
+    """A fresh virtual environment holding what the `pip install` line of the example's
+    README installs, relaybox coming from the built wheel; its Python is returned."""
+    readme = (ROOT / "examples" / example / "README.md").read_text()
+    (line,) = (line for line in readme.splitlines() if line.startswith("pip install "))
+    wheel = dist / f"{NAME}-py3-none-any.whl"
+    named = shlex.split(line, comments=True)[2:]
+    requirements = [f"{wheel}{name.removeprefix('relaybox')}" if name.startswith("relaybox[")
+                    else name for name in named]  # fmt: skip
+    assert requirements != named, f"the README of {example} installs no relaybox[...]"
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
+    python = venv / "bin" / "python"
+    _run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet",
+         *requirements, cwd=tmp_path)  # fmt: skip
+    _run(sys.executable, "-m", "pip", "--python", python, "check", cwd=tmp_path)
+    where = _run(python, "-c", "import relaybox; print(relaybox.__file__)", cwd=tmp_path)
+    assert Path(where.strip()).is_relative_to(venv)
+    return python
+
+
+@pytest.mark.parametrize("example", sorted(SERVERS))
+def test_a_web_example_on_the_wheel_with_what_its_readme_installs_delivers(
+    example: str, dist: Path, tmp_path: Path
+) -> None:
+    """examples/fastapi under uvicorn and examples/flask under gunicorn, served from a
+    fresh virtual environment with only their README's `pip install`: an order posted
+    over HTTP arrives on NATS (a server of this checkout's, the broker not the app)."""
+    python = _venv_as_the_readme_installs(example, dist, tmp_path)
+    with nats_broker() as broker:
+        order_arrives_on_nats(example, python, broker, tmp_path)
+
+
+async def test_the_celery_example_on_the_wheel_with_what_its_readme_installs_delivers(
+    dist: Path, tmp_path: Path
+) -> None:
+    """examples/celery's shop and worker from a fresh virtual environment with only its
+    README's `pip install`: the order's receipt task goes through Redis and runs once."""
+    python = _venv_as_the_readme_installs("celery", dist, tmp_path)
+    await receipt_task_runs_once(python, tmp_path)
