@@ -7,14 +7,10 @@ in a schema of the test's own where the page's example needs psycopg. A page's s
 may swap a literal URL for a local one; a swap the page no longer needs fails the test,
 and so does a check the setup makes once the page has run.
 
-A block that is not run carries a marker on the line before it, so none is passed over
-silently:
-
-- `<!-- excerpt: examples/PATH -->`: the block is copied from that file, which a test
-  runs; it must appear there verbatim.
-- `<!-- fragment: WHY -->`: a piece of a larger program (the application's own models,
-  a connection opened elsewhere, `...` where the application's code goes), or a
-  signature rather than code.
+A block that is not run carries `<!-- excerpt: examples/PATH -->` on the line
+before it: it is copied from that file, which a test runs, and must appear there
+verbatim. Text that is not Python to run (a signature, a command) is fenced as
+something else than ```python.
 """
 
 from __future__ import annotations
@@ -45,18 +41,16 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 FENCE = "```python"
 EXCERPT = re.compile(r"<!-- excerpt: (\S+) -->")
-FRAGMENT = re.compile(r"<!-- fragment: (\S.*?) -->")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Block:
-    """One ```python block of a page, with the marker on the line before it, if any."""
+    """One ```python block of a page, with the excerpt marker before it, if any."""
 
     page: str
     line: int
     code: str
     excerpt: str | None
-    fragment: str | None
 
     @property
     def where(self) -> str:
@@ -72,14 +66,13 @@ def blocks(page: str, path: Path | None = None) -> list[Block]:
             continue
         end = next(i for i in range(number + 1, len(lines)) if lines[i].strip() == "```")
         before = next((text for text in reversed(lines[:number]) if text.strip()), "")
-        excerpt, fragment = EXCERPT.fullmatch(before), FRAGMENT.fullmatch(before)
+        excerpt = EXCERPT.fullmatch(before)
         found.append(
             Block(
                 page=page,
                 line=number + 1,
                 code="\n".join(lines[number + 1 : end]) + "\n",
                 excerpt=excerpt.group(1) if excerpt else None,
-                fragment=fragment.group(1) if fragment else None,
             )
         )
     return found
@@ -235,8 +228,8 @@ class _Orm:
 @contextlib.contextmanager
 def getting_started(tmp_path: Path) -> Iterator[Setting]:
     """The psycopg and asyncpg examples on PostgreSQL, in a schema of its own (its
-    `Outbox()` writes to the default table name), domain events on SQLite, Django on its test app; the relay
-    examples on SQLite and the memory broker."""
+    `Outbox()` writes to the default table name), domain events on SQLite, Django on its
+    test app; the relay examples on SQLite and the memory broker."""
     with (
         _schema("id bigint, total numeric") as (schema, dsn),
         _django(tmp_path / "django.db") as django_order,
@@ -405,10 +398,10 @@ def frameworks(tmp_path: Path) -> Iterator[Setting]:
     SQLite database with the outbox table `outbox`, its engine and `orders` table, an
     `Order` request body; the relay publishes to the memory broker. Flask's extension
     takes SIGTERM where it has its default action: the handler is put back afterwards."""
+    import flask
     import pydantic
     import sqlalchemy
     from fastapi import FastAPI
-    import flask
 
     from relaybox import Message, Outbox, Relay
     from relaybox.integrations.asgi import relay_lifespan
@@ -424,21 +417,11 @@ def frameworks(tmp_path: Path) -> Iterator[Setting]:
     engine = sqlalchemy.create_engine(database.replace("sqlite:", "sqlite+pysqlite:", 1))
     before = signal.getsignal(signal.SIGTERM)
     try:
+        names = {"Outbox": Outbox, "Relay": Relay, "Message": Message, "FastAPI": FastAPI}
+        names |= {"relay_lifespan": relay_lifespan, "Relaybox": Relaybox, "Flask": flask.Flask}
+        names |= {"DB_URL": database, "orders": orders, "Order": Order, "engine": engine}
         setting = Setting(
-            namespace={
-                "Outbox": Outbox,
-                "Relay": Relay,
-                "Message": Message,
-                "FastAPI": FastAPI,
-                "relay_lifespan": relay_lifespan,
-                "Relaybox": Relaybox,
-                "Flask": flask.Flask,
-                "DB_URL": database,
-                "orders": orders,
-                "Order": Order,
-                "engine": engine,
-                "request": flask.request,
-            },  # fmt: skip
+            namespace={**names, "request": flask.request},
             swaps={"nats://nats:4222": "memory://"},
         )
         yield setting
@@ -563,12 +546,14 @@ def test_every_python_block_runs_or_says_why_not(page: str, tmp_path: Path) -> N
             if block.excerpt is not None:
                 source = (ROOT / block.excerpt).read_text(encoding="utf-8")
                 assert block.code in source, f"{block.where} is not in {block.excerpt}"
-            elif block.fragment is None:
+            else:
                 _run(block, _swapped(block.code, setting.swaps), namespace)
         setting.namespace.update(namespace)  # what the page made, for the setup's checks
 
 
-def test_a_block_without_a_marker_is_run(tmp_path: Path) -> None:
+def test_a_block_without_an_excerpt_marker_is_run(tmp_path: Path) -> None:
+    """Any other comment before a block, such as an old reason to skip it, leaves it
+    to be run."""
     page = tmp_path / "page.md"
     page.write_text(
         "<!-- fragment: the reader's own connection -->\n\n"
@@ -578,7 +563,18 @@ def test_a_block_without_a_marker_is_run(tmp_path: Path) -> None:
         f"{FENCE}\nimport sqlite3\n```\n",
         encoding="utf-8",
     )
-    fragment, plain, excerpt = blocks("page.md", page)
-    assert (fragment.fragment, fragment.excerpt) == ("the reader's own connection", None)
-    assert (plain.fragment, plain.excerpt, plain.code) == (None, None, "import json\n")
+    commented, plain, excerpt = blocks("page.md", page)
+    assert (commented.excerpt, commented.code) == (None, "conn.execute(...)\n")
+    assert (plain.excerpt, plain.code) == (None, "import json\n")
     assert (excerpt.excerpt, excerpt.line) == ("examples/testing/shop.py", 12)
+
+
+def test_no_page_marks_a_block_as_not_run() -> None:
+    """Only excerpts of examples that tests run are left out: no page keeps a block
+    behind another marker."""
+    marked = [
+        f"docs/{page}"
+        for page in sorted(path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.md"))
+        if "<!-- fragment:" in (DOCS / page).read_text(encoding="utf-8")
+    ]
+    assert marked == []
