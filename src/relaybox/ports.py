@@ -245,6 +245,10 @@ class InspectionStorage(Storage, Protocol):
     async def message(self, seq: int) -> MessageDetail | None:
         """The message with this seq, live or finished; None if there is none."""
 
+    async def messages(self, seqs: Sequence[int]) -> list[MessageDetail]:
+        """The messages with these seqs, live or finished, in seq order, in one query;
+        seqs of no message are left out."""
+
     async def discard(self, seqs: Sequence[int], change: Change) -> int:
         """Delete these rows, live or finished, except rows in flight (leased under a
         row lease that has not run out)."""

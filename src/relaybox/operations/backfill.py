@@ -185,7 +185,7 @@ async def _copy(
     cursor = job.cursor
     while True:
         page = await _page(operations, job.source, cursor, batch)
-        details = [d for d in [await storage.message(m.seq) for m in page] if d is not None]
+        details = await storage.messages([m.seq for m in page])
         rows = [_copy_row(detail, job) for detail in details]
         last = page[-1].seq if page else cursor
         finished = len(page) < batch

@@ -531,18 +531,24 @@ class MemoryStorage:
         return found
 
     async def message(self, seq: int) -> MessageDetail | None:
+        found = await self.messages([seq])
+        return found[0] if found else None
+
+    async def messages(self, seqs: Sequence[int]) -> list[MessageDetail]:
         with self._lock:
-            row = self._rows.get(seq)
-            if row is None:
-                return None
-            return MessageDetail(
-                summary=self._summary(row, self._clock()), external=row.external,
-                partition=row.partition, content_type=row.content_type, payload=row.payload,
-                headers=json.loads(row.headers), causation_id=row.causation_id,
-                tenant_id=row.tenant_id, aggregate_id=row.aggregate_id,
-                locked_by=row.locked_by,
-                locked_until=None if row.locked_until is None else _utc(row.locked_until),
-            )  # fmt: skip
+            now = self._clock()
+            rows = (self._rows.get(seq) for seq in sorted(set(seqs)))
+            return [self._detail(row, now) for row in rows if row is not None]
+
+    def _detail(self, row: _Row, now: float) -> MessageDetail:
+        return MessageDetail(
+            summary=self._summary(row, now), external=row.external,
+            partition=row.partition, content_type=row.content_type, payload=row.payload,
+            headers=json.loads(row.headers), causation_id=row.causation_id,
+            tenant_id=row.tenant_id, aggregate_id=row.aggregate_id,
+            locked_by=row.locked_by,
+            locked_until=None if row.locked_until is None else _utc(row.locked_until),
+        )  # fmt: skip
 
     async def discard(self, seqs: Sequence[int], change: Change) -> int:
         with self._lock:

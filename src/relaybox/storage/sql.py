@@ -644,10 +644,15 @@ class SqlStorage(abc.ABC):
         return [decode_summary(row) for row in rows]
 
     async def message(self, seq: int) -> MessageDetail | None:
-        if not 1 <= seq <= MAX_SEQ:
-            return None
-        rows = await self._fetch("message", seq, self._value(HELD_UNTIL))
-        return decode_detail(rows[0]) if rows else None
+        found = await self.messages([seq])
+        return found[0] if found else None
+
+    async def messages(self, seqs: Sequence[int]) -> list[MessageDetail]:
+        wanted = Seqs(seq for seq in seqs if 1 <= seq <= MAX_SEQ)
+        if not wanted:
+            return []
+        rows = await self._fetch("messages", wanted, self._value(HELD_UNTIL))
+        return sorted((decode_detail(row) for row in rows), key=lambda m: m.summary.seq)
 
     async def discard(self, seqs: Sequence[int], change: Change) -> int:
         return await self._operator_change("discard", AuditAction.DISCARD, seqs, change)

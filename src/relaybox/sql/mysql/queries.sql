@@ -393,8 +393,8 @@ SELECT * FROM (
 ORDER BY m.seq {order}
 LIMIT $17;
 
--- name: message
--- One message whole: $1 seq, $2 the held rows' due time.
+-- name: messages
+-- Messages whole: $1 their seqs, $2 the held rows' due time.
 SELECT o.seq, o.id,
     CASE WHEN o.status IN ('published', 'abandoned') THEN o.status
          WHEN o.available_at >= $2 THEN 'held'
@@ -408,7 +408,7 @@ SELECT o.seq, o.id,
     o.external, o.`partition`, o.content_type, o.payload, o.headers, o.causation_id,
     o.tenant_id, o.aggregate_id, o.locked_by, o.locked_until
 FROM {table} o
-WHERE o.seq = $1;
+WHERE o.seq IN ($1);
 
 -- The operator's changes, three steps in one transaction: `<change>_pick` locks the
 -- rows of $1 (seqs) still in a state the change applies to, as of now ($2, where

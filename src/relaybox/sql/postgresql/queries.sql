@@ -574,8 +574,8 @@ SELECT * FROM (
 ORDER BY m.seq {order}
 LIMIT $17::integer;
 
--- name: message
--- One message whole, live or finished: $1 seq, $2 the held rows' due time.
+-- name: messages
+-- Messages whole, live or finished: $1 their seqs, $2 the held rows' due time.
 SELECT o.seq, o.id,
     CASE WHEN o.available_at >= $2::timestamptz THEN 'held'
          WHEN o.status = 'processing' AND o.locked_until > now() THEN 'in_flight'
@@ -586,13 +586,13 @@ SELECT o.seq, o.id,
     o.occurred_at, o.published_at, o.abandoned_at, o.last_error, o.correlation_id,
     o.external, o.partition, o.content_type, o.payload, o.headers::text, o.causation_id,
     o.tenant_id, o.aggregate_id, o.locked_by, o.locked_until
-FROM {table} o WHERE o.seq = $1::bigint
+FROM {table} o WHERE o.seq = ANY($1::text::bigint[])
 UNION ALL
 SELECT d.seq, d.id, d.status::text, d.target, d.topic, d.key, d.type, d.attempts,
     d.created_at, NULL, d.occurred_at, d.published_at, d.abandoned_at, d.last_error,
     d.correlation_id, d.external, d.partition, d.content_type, d.payload, d.headers::text,
     d.causation_id, d.tenant_id, d.aggregate_id, NULL, NULL
-FROM {table}_done d WHERE d.seq = $1::bigint;
+FROM {table}_done d WHERE d.seq = ANY($1::text::bigint[]);
 
 -- The operator's changes. Each is one statement: it changes only the rows of $1 (seqs,
 -- array text) still in a state the change applies to, as of the statement (a row a

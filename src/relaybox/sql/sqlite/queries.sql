@@ -451,8 +451,8 @@ SELECT * FROM (
 ORDER BY 1 {order}
 LIMIT ?17;
 
--- name: message
--- One message whole: ?1 seq, ?2 the held rows' due time.
+-- name: messages
+-- Messages whole: ?1 their seqs, ?2 the held rows' due time.
 SELECT o.seq, o.id,
     CASE WHEN o.status IN ('published', 'abandoned') THEN o.status
          WHEN o.available_at >= ?2 THEN 'held'
@@ -467,7 +467,7 @@ SELECT o.seq, o.id,
     o.external, o."partition", o.content_type, o.payload, o.headers, o.causation_id,
     o.tenant_id, o.aggregate_id, o.locked_by, o.locked_until
 FROM {table} o
-WHERE o.seq = ?1;
+WHERE o.seq IN (SELECT value FROM json_each(?1));
 
 -- The operator's changes, three steps in one BEGIN IMMEDIATE transaction (no other
 -- writer runs meanwhile): `<change>_pick` finds the rows of ?1 (seqs JSON) still in a
