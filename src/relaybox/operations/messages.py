@@ -220,21 +220,12 @@ class Operations:
             raise ConfigurationError("a backfill is planned by its own command")
         states = APPLIES_TO[action]
         if isinstance(selection, MessageFilter):
-            where = selection
+            wanted = states & selection.states if selection.states else states
+            if not wanted:  # the filter asks only for states the action leaves alone
+                return Plan(action, [], [], [])
+            rows = await self._all(dataclasses.replace(selection, states=frozenset(wanted)))
         else:
-            seqs = sorted(set(selection))
-            if not seqs:
-                raise ConfigurationError("name at least one seq, or a filter")
-            for seq in seqs:
-                _check_seq(seq)
-            where = MessageFilter(min_seq=seqs[0], max_seq=seqs[-1])
-        wanted = states & where.states if where.states else states
-        if not wanted:
-            return Plan(action, [], [], [])
-        rows = await self._all(dataclasses.replace(where, states=frozenset(wanted)))
-        if not isinstance(selection, MessageFilter):
-            named = set(selection)
-            rows = [row for row in rows if row.seq in named]
+            rows = [row for row in await self._named(selection) if row.state in states]
         if action is AuditAction.HOLD:
             rows = await self._key_heads(rows)
         keys = sorted({(row.target, row.key) for row in rows}, key=_key_order)
@@ -311,6 +302,19 @@ class Operations:
             if len(page) < PAGE:
                 break
             after = page[-1].seq
+        return found
+
+    async def _named(self, selection: Sequence[int]) -> list[MessageSummary]:
+        """The messages of these seqs, in seq order, a page of seqs per query (never a
+        walk of every seq between the lowest and the highest)."""
+        seqs = sorted(set(selection))
+        if not seqs:
+            raise ConfigurationError("name at least one seq, or a filter")
+        for seq in seqs:
+            _check_seq(seq)
+        found: list[MessageSummary] = []
+        for start in range(0, len(seqs), PAGE):
+            found += (m.summary for m in await self.storage.messages(seqs[start : start + PAGE]))
         return found
 
     async def _key_heads(self, rows: list[MessageSummary]) -> list[MessageSummary]:
