@@ -136,12 +136,12 @@ def _migrations_after(dialect: sql.Dialect, table: str, kind: sql.Kind, after: i
         f"-- {table}: from schema version {after} to {latest}",
         sql.tracking(dialect, table) + ";",
     ]
+    # PostgreSQL's DDL is transactional: each migration and its record, or neither.
+    begin, commit = ("BEGIN;\n", "\nCOMMIT;") if dialect == "postgresql" else ("", "")
     for version, name, script in steps:
         if version > after:
             statements = "".join(f"{statement};\n" for statement in sql.statements(script))
-            record = f"INSERT INTO {table}_migrations (version, name) VALUES ({version}, '{name}');"
-            # PostgreSQL's DDL is transactional: each migration and its record, or neither.
-            begin, commit = ("BEGIN;\n", "\nCOMMIT;") if dialect == "postgresql" else ("", "")
+            record = sql.RECORD_MIGRATION.format(table=table) + f"({version}, '{name}');"
             parts.append(f"-- migration {version:04d}_{name}\n{begin}{statements}{record}{commit}")
     return "\n\n".join(parts)
 

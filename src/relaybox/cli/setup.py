@@ -9,7 +9,8 @@ from collections.abc import Mapping
 import click
 
 from relaybox.cli import output, urls
-from relaybox.cli.urls import BROKER_ENV, from_environment
+from relaybox.cli.config import nearest
+from relaybox.cli.urls import BROKER_ENV
 from relaybox.errors import RelayboxError
 from relaybox.publishers import setup_topology
 
@@ -45,9 +46,9 @@ def setup(brokers: tuple[str, ...], broker_files: tuple[str, ...]) -> None:
     RabbitMQ exchanges, queues and bindings; NATS JetStream streams; Kafka topics;
     Redis consumer groups; a Celery target's exchange and queue. Safe to run again."""
     try:
-        if broker_files and from_environment("brokers"):
-            brokers = ()
-        targets = urls.brokers(brokers, broker_files)
+        chosen = nearest(click.get_current_context(),
+                         {"brokers": brokers, "broker_files": broker_files})  # fmt: skip
+        targets = urls.brokers(chosen["brokers"], chosen["broker_files"])
         for line in asyncio.run(set_up(targets)):
             output.line(line)
     except RelayboxError as exc:

@@ -37,14 +37,6 @@ SESSION_SECONDS = 12 * 3600
 COOKIE = "relaybox_console"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Refusal:
-    """Why a change is refused: the HTTP status and what to tell the client."""
-
-    status: int
-    reason: str
-
-
 #: Names the user of a request whom the host application allows to change messages,
 #: or gives None.
 Authorize = Callable[[Any], "str | None"]

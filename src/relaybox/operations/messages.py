@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from relaybox.core.inspection import (
+    LIVE_STATES,
     MAX_DELAY,
     MAX_PAGE,
     MAX_SEQ,
@@ -191,7 +192,7 @@ class Operations:
         if summary.key is None:
             return MessageView(detail, None)
         key = MessageFilter(target=summary.target, key=summary.key)
-        live = frozenset(s for s in MessageState if s.live)
+        live = LIVE_STATES
         ahead = await self._all(
             dataclasses.replace(key, states=live, max_seq=seq - 1) if seq > 1 else None
         )

@@ -232,10 +232,9 @@ class OutboxProbe:
         while page := await self._storage.search(
             where, limit=_PAGE, after=after, newest_first=False
         ):
-            for summary in page:
-                detail = await self._storage.message(summary.seq)
-                if detail is not None:  # gone meanwhile: a relay purged it
-                    found.append(WrittenMessage.of_detail(detail))
+            # One query a page; a message gone meanwhile (a relay purged it) is left out.
+            details = await self._storage.messages([summary.seq for summary in page])
+            found += (WrittenMessage.of_detail(detail) for detail in details)
             after = page[-1].seq
         return found
 
