@@ -493,9 +493,18 @@ class Consumer:
     async def _activity(self) -> None:
         if self.activity_interval is None:
             return
+        purged_at = time.monotonic()
         while True:
             await asyncio.sleep(self.activity_interval)
             await self.record_activity()
+            # Old minutes go beside the deliveries, never in the way of one.
+            every = self.purge_interval
+            if every is not None and time.monotonic() - purged_at >= every:
+                purged_at = time.monotonic()
+                try:
+                    await self.purge_activity()
+                except Exception as error:  # noqa: BLE001 - logged as the writes are
+                    self._activity_failed(error)
 
     async def record_activity(self) -> bool:
         """Add the counts since the last write to this consumer's row of the current
@@ -540,12 +549,6 @@ class Consumer:
             await self.purge()
         except Exception:  # a failed purge costs disk, never a message
             logger.exception("inbox purge failed", extra={"action": "inbox_purge"})
-        if self.activity_interval is None:
-            return
-        try:
-            await self.purge_activity()
-        except Exception as error:  # noqa: BLE001 - as above; logged as the writes are
-            self._activity_failed(error)
 
     async def purge(self) -> int:
         """Delete every id, and every attempt count, past the inbox's retention, a batch
