@@ -14,8 +14,7 @@ from redis import exceptions as redis_errors
 
 from relaybox.core.publishing import ACKED, Declared, PublisherFeatures, PublishResult, permanent
 from relaybox.core.records import StoredMessage
-from relaybox.core.urls import mask_url
-from relaybox.errors import BrokerUnavailableError, ConfigurationError, MessageError
+from relaybox.errors import ConfigurationError, MessageError
 from relaybox.publishers import redis as redis_publisher
 from relaybox.publishers.celery import CONTENT_TYPE, ENCODING, task_message
 
@@ -37,18 +36,7 @@ class CeleryRedisPublisher:
         return []
 
     async def start(self) -> None:
-        client = aioredis.Redis.from_url(
-            self._url, socket_connect_timeout=self._timeout, socket_timeout=self._timeout,
-            health_check_interval=1,
-        )  # fmt: skip
-        try:
-            await client.ping()
-        except (redis_errors.RedisError, OSError) as error:
-            await client.aclose()
-            raise BrokerUnavailableError(
-                f"cannot reach Redis at {mask_url(self._url)}: {error}"
-            ) from error
-        self._client = client
+        self._client = await redis_publisher.connect(self._url, self._timeout)
 
     async def close(self) -> None:
         client, self._client = self._client, None

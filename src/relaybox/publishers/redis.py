@@ -115,6 +115,25 @@ def from_url(url: BrokerUrl) -> RedisPublisher:
     )
 
 
+async def connect(url: str, timeout: float) -> aioredis.Redis:
+    """A client of the Redis at `url` that answered a PING within `timeout` seconds;
+    `BrokerUnavailableError` (the URL masked) otherwise."""
+    client = aioredis.Redis.from_url(
+        url,
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+        # A pooled connection the server dropped (restart) is noticed before use.
+        health_check_interval=1,
+    )
+    try:
+        async with asyncio.timeout(timeout):
+            await client.ping()
+    except (redis_errors.RedisError, OSError, TimeoutError) as error:
+        await client.aclose()
+        raise BrokerUnavailableError(f"cannot reach Redis at {mask_url(url)}: {error}") from error
+    return client
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Groups:
     """A consumer group a target's streams need, and where it starts reading."""
@@ -217,22 +236,7 @@ class RedisPublisher:
         self._client: aioredis.Redis | None = None
 
     async def start(self) -> None:
-        client = aioredis.Redis.from_url(
-            self.url,
-            socket_connect_timeout=self._timeout,
-            socket_timeout=self._timeout,
-            # A pooled connection the server dropped (restart) is noticed before use.
-            health_check_interval=1,
-        )
-        try:
-            async with asyncio.timeout(self._timeout):
-                await client.ping()
-        except (redis_errors.RedisError, OSError, TimeoutError) as error:
-            await client.aclose()
-            raise BrokerUnavailableError(
-                f"cannot reach Redis at {mask_url(self.url)}: {error}"
-            ) from error
-        self._client = client
+        self._client = await connect(self.url, self._timeout)
 
     async def setup_topology(self) -> list[Declared]:
         """Create the URL's consumer group on each of its streams that lacks it."""
