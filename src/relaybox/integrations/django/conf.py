@@ -26,10 +26,12 @@ raised when Django starts the app rather than when a message goes missing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
 
 from relaybox.core.identifiers import DEFAULT_INBOX, DEFAULT_TABLE, validate_table_name
 from relaybox.errors import ConfigurationError
@@ -72,9 +74,10 @@ class RelayboxSettings:
     consumers: Mapping[str, ConsumerSettings] = dataclasses.field(default_factory=dict)
 
 
+@functools.cache
 def settings() -> RelayboxSettings:
-    """The project's `RELAYBOX` setting, checked (read anew at each call, so that
-    `override_settings` in tests takes effect)."""
+    """The project's `RELAYBOX` setting, checked once and kept; read anew after Django
+    says it changed (`override_settings` in tests), so a writer pays no parse per add."""
     raw = getattr(django_settings, "RELAYBOX", {})
     if not isinstance(raw, Mapping):
         raise ConfigurationError("settings.RELAYBOX must be a dict")
@@ -153,3 +156,11 @@ def _consumer(name: str, raw: Mapping[str, Any]) -> ConsumerSettings:
         options=_mapping(raw, "OPTIONS", where, object),
         inbox=_mapping(raw, "INBOX", where, object),
     )
+
+
+def _forget(*, setting: str, **_: Any) -> None:
+    if setting == "RELAYBOX":
+        settings.cache_clear()
+
+
+setting_changed.connect(_forget, dispatch_uid="relaybox.integrations.django.conf")
