@@ -162,13 +162,14 @@ class EntityConsumer:
         entity = await self.entities.load(entity_id) or Entity(entity_id, self.initial_state())
         if await self.dedup.processed(message_id):
             if message_id in entity.outbox:  # a crash between steps 6 and 7
-                await self._forget(entity_id, message_id)
+                await self._forget(entity_id, message_id, entity)
             self.duplicates += 1
             logger.info("duplicate %s skipped", message_id,
                         extra={"action": "inbox_duplicate", "message_id": message_id})  # fmt: skip
             return Processed.DUPLICATE
         outgoing = entity.outbox.get(message_id)
         outcome = Processed.DUPLICATE
+        saved = entity
         if outgoing is None:
             try:
                 state, messages = await _call(self.handler, entity.state, message)
@@ -179,10 +180,10 @@ class EntityConsumer:
                 raise _HandlerFailed from error
             if not await self.entities.save(updated, entity.version):
                 return None
-            outcome = Processed.APPLIED
+            outcome, saved = Processed.APPLIED, updated
         await self._send(outgoing)
         await self.dedup.add(message_id)
-        await self._forget(entity_id, message_id)
+        await self._forget(entity_id, message_id, saved)
         if outcome is Processed.APPLIED:
             self.applied += 1
         else:
@@ -209,15 +210,17 @@ class EntityConsumer:
                             f"{target} did not confirm {sent.id}: {result.error or result.outcome}"
                         )
 
-    async def _forget(self, entity_id: str, message_id: str) -> None:
-        """Step 7: remove outbox[message_id], reloading after each conflict."""
+    async def _forget(self, entity_id: str, message_id: str, known: Entity) -> None:
+        """Step 7: remove outbox[message_id] from `known`, the entity as this consumer
+        last loaded or saved it; reload after each conflict."""
+        entity: Entity | None = known
         for _ in range(self.max_conflicts):
-            entity = await self.entities.load(entity_id)
             if entity is None or message_id not in entity.outbox:
                 return
             if await self.entities.save(entity.sent(message_id), entity.version):
                 return
             self.conflicts += 1
+            entity = await self.entities.load(entity_id)
         raise EntityConflictError(
             f"entity {entity_id!r} changed under {self.max_conflicts} saves in a row "
             f"while removing the sent messages of {message_id}"
