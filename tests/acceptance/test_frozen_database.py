@@ -106,12 +106,27 @@ async def test_sigterm_ends_a_relay_whose_database_froze_mid_run(
     assert len(published(out)) >= len(batch)
 
 
+def _catching_sigterm(pid: int, timeout: float = 30.0) -> None:
+    """Wait until process `pid` handles SIGTERM itself (its caught-signals mask in
+    /proc), so that a SIGTERM sent then reaches the relay, not the default action."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status").read_text()
+        caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+                     .split()[1], 16)  # fmt: skip
+        if caught & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} did not take SIGTERM over within {timeout} s")
+
+
 @pytest.mark.parametrize("url", [PG_URL, MYSQL_URL], ids=["postgresql", "mysql"])
 def test_sigterm_ends_a_relay_whose_database_never_answers(url: str, tmp_path: Path) -> None:
     with silent_port() as port:
         silent = url.replace(f":{PORTS[url.split(':', 1)[0]]}/", f":{port}/")
         log = tmp_path / "relay.log"
         proc = start_relay(silent, "relaybox_outbox", f"file://{tmp_path / 'out'}", log)
+        _catching_sigterm(proc.pid)  # past its imports, on a busy machine too
         time.sleep(1)  # starting: connecting to the database
         seconds_to_end(proc)
     assert "did not answer a new connection within 5 s" in log.read_text()
