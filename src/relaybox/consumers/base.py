@@ -96,6 +96,11 @@ MAX_RECONNECT_WAIT = 10.0
 #: Seconds a stopping consumer gives its last write of the activity.
 ACTIVITY_GRACE = 2.0
 
+#: Stopping cancels the consuming task, and again every STOP_GRACE seconds while it runs
+#: on, STOP_ROUNDS times at most (see `BrokerConsumer.stop`).
+STOP_GRACE = 5.0
+STOP_ROUNDS = 3
+
 
 def check_positive(**settings: float) -> None:
     """Refuse a count, timeout or wait that is not above zero, naming it."""
@@ -198,13 +203,28 @@ class BrokerConsumer(abc.ABC):
 
     async def stop(self) -> None:
         """Stop receiving; a message being processed is abandoned unacknowledged (its
-        transaction rolls back or has committed: either way a redelivery is safe)."""
+        transaction rolls back or has committed: either way a redelivery is safe).
+
+        A broker client may swallow a cancellation that lands at the wrong moment of a
+        blocking read (redis-py has done so) and go on, or wait forever on its own
+        connection's clean-up. So the consuming task is cancelled again every
+        `STOP_GRACE` seconds until it ends, and after `STOP_ROUNDS` of them it is left
+        behind with a warning: a consumer that stops must stop."""
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for _ in range(STOP_ROUNDS):
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=STOP_GRACE)
+            if done:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                return
+        logger.warning(
+            "%s did not stop within %gs of being cancelled %d times; left behind",
+            type(self).__name__, STOP_GRACE * STOP_ROUNDS, STOP_ROUNDS,
+            extra={"action": "consumer_stop_abandoned"},
+        )  # fmt: skip
 
     async def __aenter__(self) -> Self:
         await self.start()
