@@ -6,12 +6,16 @@ logical, stopped at the end), or `--url` of one that runs wal_level = logical.
 1. Writer throughput. `--clients` processes run the same business transaction
    (INSERT one order row, then the variant, then COMMIT), alternating the variants
    transaction by transaction, as benchmarks/writer_overhead.py does (the commit's
-   fsync drifts; alternating lets every variant see the same disk):
+   fsync drifts; alternating lets every variant see the same disk), each round of them
+   in an order shuffled anew (in a fixed order, two identical variants came out 0.03
+   apart: a transaction pays for what the one before it left behind):
 
    - `plain`: a plain INSERT of a row of the same size into a table with only a
      primary key (the hand-rolled outbox);
    - `outbox`: relaybox's table mode, `Outbox.add`;
-   - `log`: relaybox's log mode, `LogOutbox.add` (pg_logical_emit_message);
+   - `log`: relaybox's log mode, `LogOutbox.add` (pg_logical_emit_message), which
+     looks for the slot at most once a second per connection;
+   - `log-checked`: the same with `slot_check_interval=0`, looking at every add;
    - `walbox`: the row walbox's outbox takes (its README's table, in a publication).
 
    The table mode's and walbox's slots exist meanwhile, but nothing streams them:
@@ -49,6 +53,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import random
 import shutil
 import signal
 import statistics
@@ -74,7 +79,7 @@ WALBOX_TABLE, WALBOX_PUB, WALBOX_SLOT = (
 )
 PAYLOAD = {"order_id": 0, "customer": "c-000042", "total": "129.90", "currency": "EUR",
            "lines": [{"sku": "SKU-1", "qty": 2}, {"sku": "SKU-7", "qty": 1}]}  # fmt: skip
-VARIANTS = ("plain", "outbox", "log", "walbox")
+VARIANTS = ("plain", "outbox", "log", "log-checked", "walbox")
 WALBOX_PYTHON = "/tmp/walbox-venv/bin/python"
 
 
@@ -166,6 +171,8 @@ def throughput_client(url: str, index: int, seconds: float, padding: bytes, queu
     from relaybox import LogOutbox, Message, Outbox
 
     outbox, log = Outbox(table=OUTBOX), LogOutbox(table=LOG_TABLE)
+    checked = LogOutbox(table=LOG_TABLE, slot_check_interval=0)
+    writers: dict[str, Any] = {"outbox": outbox, "log": log, "log-checked": checked}
     spent = dict.fromkeys(VARIANTS, 0.0)
     count = dict.fromkeys(VARIANTS, 0)
 
@@ -178,7 +185,7 @@ def throughput_client(url: str, index: int, seconds: float, padding: bytes, queu
             walbox_insert(conn, key, uuid.uuid4())
         else:
             message = Message(topic="orders", key=key, type="OrderPlaced", payload=PAYLOAD)
-            (outbox if variant == "outbox" else log).add(conn, message)
+            writers[variant].add(conn, message)
         conn.commit()
 
     with psycopg.connect(url) as conn:
@@ -186,8 +193,12 @@ def throughput_client(url: str, index: int, seconds: float, padding: bytes, queu
             transaction(conn, VARIANTS[n % len(VARIANTS)], f"warm-{index}-{n}")
         deadline = time.perf_counter() + seconds
         n = 0
+        order: list[str] = []
+        shuffle = random.Random(index)
         while time.perf_counter() < deadline:
-            variant = VARIANTS[n % len(VARIANTS)]
+            if not order:  # each round of the variants in an order of its own
+                order = shuffle.sample(VARIANTS, len(VARIANTS))
+            variant = order.pop()
             start = time.perf_counter()
             transaction(conn, variant, f"order-{index}-{n}")
             spent[variant] += time.perf_counter() - start
@@ -212,7 +223,7 @@ def throughput(url: str, clients: int, seconds: float, padding: bytes) -> dict[s
         tps[variant] = clients * sum(part[1][variant] for part in parts) / spent
     result: dict[str, Any] = {f"tps_{v}": round(tps[v], 1) for v in VARIANTS}
     result["transactions"] = {v: sum(part[1][v] for part in parts) for v in VARIANTS}
-    for variant in ("outbox", "log", "walbox"):
+    for variant in ("outbox", "log", "log-checked", "walbox"):
         result[f"{variant}_vs_plain"] = round(tps[variant] / tps["plain"], 3)
     result["log_vs_outbox"] = round(tps["log"] / tps["outbox"], 3)
     return result

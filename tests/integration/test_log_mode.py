@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -42,6 +43,7 @@ from relaybox.storage.pg_log import (
     create_slot,
     drop_slot,
 )
+from relaybox.writer import log_outbox
 from tests.chaos.cluster import ThrowawayPostgres
 from tests.databases import create, unique_table
 from tests.integration import drivers
@@ -295,6 +297,46 @@ def test_a_writer_refuses_to_emit_where_no_slot_would_read_it(logical_pg: str, t
         connection.rollback()
     assert asyncio.run(create_slot(logical_pg, table))
     write(logical_pg, table, [msg("k", 1)])
+
+
+def test_a_connection_checks_the_slot_again_once_its_interval_is_over(
+    logical_pg: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An emit that found the slot spares that connection's checks for
+    `slot_check_interval` seconds (the clock here is the test's); a new connection,
+    or one past the interval, checks again, and a writer with an interval of 0 checks
+    at every add."""
+    clock = [1000.0]
+    monkeypatch.setattr(log_outbox, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    outbox, strict = LogOutbox(table=table), LogOutbox(table=table, slot_check_interval=0)
+    try:
+        with psycopg.connect(logical_pg) as connection, psycopg.connect(logical_pg) as other:
+            outbox.add(connection, msg("k", 0))  # found the slot
+            strict.add(other, msg("k", 0))
+            connection.rollback()
+            other.rollback()
+            asyncio.run(drop_slot(logical_pg, table))
+            clock[0] += 0.5
+            outbox.add(connection, msg("k", 1))  # within its interval: not checked
+            connection.rollback()
+            with pytest.raises(ConfigurationError, match="no ready replication slot"):
+                strict.add(other, msg("k", 1))
+            other.rollback()
+            with pytest.raises(ConfigurationError, match="no ready replication slot"):
+                outbox.add(other, msg("k", 1))  # this outbox never checked on `other`
+            other.rollback()
+            clock[0] += 0.6
+            with pytest.raises(ConfigurationError, match="no ready replication slot"):
+                outbox.add(connection, msg("k", 2))
+            connection.rollback()
+    finally:
+        asyncio.run(create_slot(logical_pg, table))
+
+
+@pytest.mark.parametrize("interval", [-1, float("nan"), float("inf"), "1", True])
+def test_the_slot_check_interval_is_seconds(interval: Any) -> None:
+    with pytest.raises(ConfigurationError, match="slot_check_interval"):
+        LogOutbox(slot_check_interval=interval)
 
 
 async def test_the_stream_comes_back_after_its_connection_is_killed(

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from relaybox.core.partitions import fair_share
 from relaybox.core.records import Claim, OutboxStats, StoredMessage
 from relaybox.errors import RelayboxError
 from relaybox.ports import PartitionStorage
@@ -29,12 +30,19 @@ from relaybox.relay.processor import Processor
 
 logger = logging.getLogger(__name__)
 
-#: While the partitions are being shared out, heartbeats come this often (at most every
-#: heartbeat interval): in a relay's first heartbeat interval, and after a heartbeat that
-#: changed what it holds or how many relays there are. A holder learns that others
-#: joined only at its own heartbeat, so relays started together would otherwise leave
-#: every partition with the first of them until its next regular one (lease / 6).
-SHARING_HEARTBEAT_SECONDS = 0.5
+#: In a relay's first heartbeat interval, heartbeats come this often (at most every
+#: heartbeat interval): a holder learns that others joined only at its own heartbeat,
+#: so relays started together would otherwise leave every partition with the first of
+#: them until its next regular one (lease / 6).
+JOINING_HEARTBEAT_SECONDS = 0.25
+#: While partitions change hands between live relays (one gives back, another is short
+#: of its share, or the count of relays changed), heartbeats come this often: a given
+#: back partition is read by nobody until its next owner's heartbeat takes it. A relay
+#: alone never heartbeats this fast, so an idle relay costs no more.
+SHARING_HEARTBEAT_SECONDS = 0.1
+#: For how long a relay short of its fair share keeps that pace, waiting for the others
+#: to give back theirs (a dead relay's partitions are free only once their lease ends).
+SHORT_SHARING_SECONDS = 2.0
 
 
 class PartitionLeaseProcessor(Processor[PartitionStorage]):
@@ -62,6 +70,12 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         #: Set while no heartbeat runs (see `_claim`).
         self._between_heartbeats = asyncio.Event()
         self._between_heartbeats.set()
+        #: Per target, the partitions being given back once their rows in flight settle.
+        self._draining: dict[str, frozenset[int]] = {}
+        #: Per target, since when (time.monotonic) the relay holds less than its share.
+        self._short_since: dict[str, float] = {}
+        #: Set to run the next heartbeat now (see `_pause_for`).
+        self._heartbeat_now = asyncio.Event()
         self._claiming.clear()  # until the first heartbeat says which partitions are ours
 
     @property
@@ -132,6 +146,14 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
 
     def _finished(self, claim: Claim) -> None:
         self._flight.remove(claim.messages)
+        # Partitions being given back wait for their rows in flight; once none is left,
+        # the next heartbeat gives them back now rather than at its time.
+        if self._draining and not any(
+            draining & self._flight.partitions(target)
+            for target, draining in self._draining.items()
+        ):
+            self._draining = {}
+            self._heartbeat_now.set()
 
     # -- publishing and settling -----------------------------------------------------
 
@@ -216,14 +238,30 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
                         await self._heartbeat(target, begun)
             finally:
                 self._between_heartbeats.set()
-            await self._sleep(self._pause(begun))
+            await self._pause_for(self._pause(begun))
+
+    async def _pause_for(self, seconds: float) -> None:
+        """Wait `seconds`, or less: until the relay stops or the partitions it gives
+        back have nothing in flight any more (`_finished`)."""
+        self._heartbeat_now.clear()
+        waits = {asyncio.create_task(self._heartbeat_now.wait()),
+                 asyncio.create_task(self._stopping.wait())}  # fmt: skip
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def _pause(self, begun: float) -> float:
-        """Until the next heartbeat: short while the partitions are being shared out
-        (see SHARING_HEARTBEAT_SECONDS), else the heartbeat interval."""
+        """Until the next heartbeat: shortest while partitions change hands (see
+        SHARING_HEARTBEAT_SECONDS), short in the first heartbeat interval, else the
+        heartbeat interval. A heartbeat comes early once the partitions being given
+        back have nothing in flight (`_drained`)."""
         interval = self._settings.heartbeat_interval
-        if self._sharing or time.monotonic() - begun < interval:
+        if self._sharing:
             return min(interval, SHARING_HEARTBEAT_SECONDS)
+        if time.monotonic() - begun < interval:
+            return min(interval, JOINING_HEARTBEAT_SECONDS)
         return interval
 
     async def _heartbeat(self, target: str, begun: float) -> None:
@@ -255,7 +293,17 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
                 or (self.partitions or {}).get(target) != held
             ):
                 self._sharing = True
+            if len(held) >= fair_share(settings.partitions, assignment.members):
+                self._short_since.pop(target, None)
+            elif started - self._short_since.setdefault(target, started) < SHORT_SHARING_SECONDS:
+                # Short of its share: others are giving theirs back by now, or have died
+                # and their leases run out later (then the usual pace is enough).
+                self._sharing = True
             self._members[target] = assignment.members
+            if assignment.draining:
+                self._draining[target] = assignment.draining
+            else:
+                self._draining.pop(target, None)
             self._assign(target, held)
         self._hold()
 
