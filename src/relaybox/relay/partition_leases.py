@@ -33,8 +33,10 @@ logger = logging.getLogger(__name__)
 #: In a relay's first heartbeat interval, heartbeats come this often (at most every
 #: heartbeat interval): a holder learns that others joined only at its own heartbeat,
 #: so relays started together would otherwise leave every partition with the first of
-#: them until its next regular one (lease / 6).
-JOINING_HEARTBEAT_SECONDS = 0.25
+#: them until its next regular one (lease / 6). In its first STARTING_SECONDS, when
+#: the relays deployed with it join, twice as often.
+JOINING_HEARTBEAT_SECONDS = 0.5
+STARTING_SECONDS = 2.0
 #: While partitions change hands between live relays (one gives back, another is short
 #: of its share, or the count of relays changed), heartbeats come this often: a given
 #: back partition is read by nobody until its next owner's heartbeat takes it. A relay
@@ -254,13 +256,16 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
 
     def _pause(self, begun: float) -> float:
         """Until the next heartbeat: shortest while partitions change hands (see
-        SHARING_HEARTBEAT_SECONDS), short in the first heartbeat interval, else the
-        heartbeat interval. A heartbeat comes early once the partitions being given
-        back have nothing in flight (`_drained`)."""
+        SHARING_HEARTBEAT_SECONDS), short in the first heartbeat interval (shorter in
+        its first seconds), else the heartbeat interval. A heartbeat comes early once
+        the partitions being given back have nothing in flight (`_finished`)."""
         interval = self._settings.heartbeat_interval
         if self._sharing:
             return min(interval, SHARING_HEARTBEAT_SECONDS)
-        if time.monotonic() - begun < interval:
+        running = time.monotonic() - begun
+        if running < min(interval, STARTING_SECONDS):
+            return min(interval, JOINING_HEARTBEAT_SECONDS / 2)
+        if running < interval:
             return min(interval, JOINING_HEARTBEAT_SECONDS)
         return interval
 
