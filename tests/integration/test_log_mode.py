@@ -259,7 +259,9 @@ async def test_a_second_relay_stands_by_then_takes_over(logical_pg: str, table: 
         assert not relay_two.streamers[0].streaming
         with pytest.raises(SlotBusyError):
             await LogStream.open(logical_pg, table)
-        assert relay_two.readiness() == []  # standing by is its job
+        # Standing by is its job: ready once its table relay has had its first heartbeat
+        # (which may come a moment after its broker is reached).
+        await eventually(lambda: relay_two.readiness() == [], timeout=5)
         assert relay_one.readiness() == []
         await relay_one.stop()
         await eventually(lambda: relay_two.streamers[0].streaming)
