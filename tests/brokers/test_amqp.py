@@ -104,7 +104,7 @@ class RabbitNode:
         deadline = loop.time() + BOOT_SECONDS
         while loop.time() < deadline:
             if self.process is None or self.process.poll() is not None:
-                raise AssertionError(f"RabbitMQ node exited; see {self.dir}/log")
+                raise NodeExitedError(f"RabbitMQ node exited; its log ends:\n{self.log_tail()}")
             with contextlib.suppress(*_DOWN):
                 connection = await aio_pika.connect(self.url, timeout=2)
                 await connection.close()
@@ -121,19 +121,54 @@ class RabbitNode:
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def log_tail(self, lines: int = 15) -> str:
+        """The last lines of the node's console and log, for a failure's message (the
+        directory is removed once the node is)."""
+        tails = []
+        for path in (self.dir / "console.log", self.dir / "log" / "node.log"):
+            with contextlib.suppress(OSError):
+                text = path.read_text(errors="replace").splitlines()[-lines:]
+                tails.append(f"{path.name}:\n" + "\n".join(text))
+        return "\n".join(tails) or "(no log written)"
+
+
+class NodeExitedError(AssertionError):
+    """The node's Erlang VM exited before it took connections."""
+
 
 _DOWN = (AMQPError, ConnectionError, OSError, TimeoutError)
 
 
 @contextlib.asynccontextmanager
 async def private_node(config: str = "") -> AsyncIterator[RabbitNode]:
-    node = RabbitNode(config)
+    node = await booted(config)
     try:
-        await node.start()
         yield node
     finally:
         await node.stop()
         node.remove()
+
+
+async def booted(config: str, attempts: int = 3) -> RabbitNode:
+    """A started node. Its ports were free when chosen, but another test's process may
+    take one before the node binds it, and the node then exits while booting: it is
+    started again on other ports, `attempts` times at most."""
+    for attempt in range(1, attempts + 1):
+        node = RabbitNode(config)
+        try:
+            await node.start()
+        except NodeExitedError:
+            await node.stop()
+            node.remove()
+            if attempt == attempts:
+                raise
+        except BaseException:
+            await node.stop()
+            node.remove()
+            raise
+        else:
+            return node
+    raise AssertionError("unreachable")
 
 
 class RabbitHarness(RestartableHarness):

@@ -190,7 +190,8 @@ class Relay:
     async def _start_publisher(self, target: str) -> None:
         await self._publishers[target].start()
         self.circuits[target].release()
-        self._wake_all()
+        for processor in self.processors:
+            processor.reached(target)
 
     async def _start_database(self, name: str, database: Database, *, run: bool) -> None:
         """Open a database's connections and add its processor, started if `run`; on

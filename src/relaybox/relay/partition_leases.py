@@ -92,6 +92,12 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
             asyncio.create_task(self._watch_targets(), name=f"relay-targets-{self.name}"),
         ]
 
+    def reached(self, target: str) -> None:
+        """A target's broker was reached: its heartbeat, skipped until now, comes at
+        once, so the relay takes its share of that target without waiting a pause."""
+        super().reached(target)
+        self._heartbeat_now.set()
+
     async def _left(self) -> None:
         with contextlib.suppress(RelayboxError):
             await self._db.housekeeping.leave(self.worker)
@@ -231,6 +237,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         begun = time.monotonic()
         while not self._stopping.is_set():
             self._between_heartbeats.clear()
+            self._heartbeat_now.clear()  # what asks for one from here on gets the next
             self._sharing = False
             try:
                 for target in self._targets:
@@ -244,8 +251,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
 
     async def _pause_for(self, seconds: float) -> None:
         """Wait `seconds`, or less: until the relay stops or the partitions it gives
-        back have nothing in flight any more (`_finished`)."""
-        self._heartbeat_now.clear()
+        back have nothing in flight any more (`_finished`), or a broker is reached."""
         waits = {asyncio.create_task(self._heartbeat_now.wait()),
                  asyncio.create_task(self._stopping.wait())}  # fmt: skip
         try:

@@ -181,6 +181,10 @@ class Processor(abc.ABC, Generic[P]):
     def wake(self) -> None:
         self._waker.wake()
 
+    def reached(self, target: str) -> None:
+        """The broker of `target` was reached just now (the engine's call)."""
+        self.wake()
+
     def hint(self) -> None:
         """Rows may have been committed and more may follow unannounced (a writer's
         NOTIFY): look now, then fast for `fast_poll_window` (see `relay.waker`)."""
