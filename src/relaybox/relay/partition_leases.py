@@ -34,9 +34,10 @@ logger = logging.getLogger(__name__)
 #: heartbeat interval): a holder learns that others joined only at its own heartbeat,
 #: so relays started together would otherwise leave every partition with the first of
 #: them until its next regular one (lease / 6). In its first STARTING_SECONDS, when
-#: the relays deployed with it join, twice as often.
+#: the relays deployed with it join, every STARTING_HEARTBEAT_SECONDS.
 JOINING_HEARTBEAT_SECONDS = 0.5
 STARTING_SECONDS = 2.0
+STARTING_HEARTBEAT_SECONDS = 0.25
 #: While partitions change hands between live relays (one gives back, another is short
 #: of its share, or the count of relays changed), heartbeats come this often: a given
 #: back partition is read by nobody until its next owner's heartbeat takes it. A relay
@@ -270,7 +271,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
             return min(interval, SHARING_HEARTBEAT_SECONDS)
         running = time.monotonic() - begun
         if running < min(interval, STARTING_SECONDS):
-            return min(interval, JOINING_HEARTBEAT_SECONDS / 2)
+            return min(interval, STARTING_HEARTBEAT_SECONDS)
         if running < interval:
             return min(interval, JOINING_HEARTBEAT_SECONDS)
         return interval

@@ -132,7 +132,7 @@ def _channel(
     the connection takes a weak reference (sqlite3's and asyncpg pool proxies do not:
     theirs are made anew per call, which is cheap once the type is recognised)."""
     key = id(connection)
-    ref = _weak(connection, lambda dead: _forget(key, dead)) if keep else None
+    ref = weak_ref(connection, lambda dead: _forget(key, dead)) if keep else None
     if ref is None:
         bound = functools.partial
         return Channel(dialect, style, bound(run, connection), bound(alone, connection),
@@ -150,7 +150,11 @@ def _kept(key: int, ref: weakref.ref[Any], channel: Channel, state: object = Non
     return channel
 
 
-def _weak(connection: Any, callback: Callable[[weakref.ref[Any]], None]) -> weakref.ref[Any] | None:
+def weak_ref(
+    connection: Any, callback: Callable[[weakref.ref[Any]], None]
+) -> weakref.ref[Any] | None:
+    """A weak reference to `connection` calling `callback` when it dies; None for a type
+    that takes no weak references."""
     try:
         return weakref.ref(connection, callback)
     except TypeError:  # no weak references to this type

@@ -45,7 +45,13 @@ from relaybox.core.payload import DEFAULT_MAX_PAYLOAD_BYTES
 from relaybox.core.records import InsertRow
 from relaybox.errors import ConfigurationError
 from relaybox.sql.params import ParamStyle, styled
-from relaybox.writer.connections import Channel, async_channel, no_transaction, sync_channel
+from relaybox.writer.connections import (
+    Channel,
+    async_channel,
+    no_transaction,
+    sync_channel,
+    weak_ref,
+)
 from relaybox.writer.outbox import CommitListener, Outbox
 
 
@@ -146,16 +152,22 @@ class LogOutbox:
         known = self._checked.get(id(connection))
         return known is None or known[0]() is not connection or time.monotonic() >= known[1]
 
+    def _forget(self, key: int) -> None:
+        """A connection died: its id may be taken by a new object."""
+        self._checked.pop(key, None)
+
     def _emitted(self, connection: Any, count: int, checked: bool) -> None:
         """Refuse an emit that found no ready slot (-1: a psycopg pipeline, whose count
         arrives later; there the slot is the operator's to have created, and each emit
         checks it). One that found it spares the connection's next checks for a while."""
         if checked and count > 0 and self.slot_check_interval > 0:
             key = id(connection)
-            try:
-                ref = weakref.ref(connection, lambda _: self._checked.pop(key, None))
-            except TypeError:  # not weakly referable: every emit checks
-                return
+            known = self._checked.get(key)
+            ref = known[0] if known is not None and known[0]() is connection else None
+            if ref is None:
+                ref = weak_ref(connection, lambda _: self._forget(key))
+                if ref is None:  # not weakly referable: every emit checks
+                    return
             self._checked[key] = (ref, time.monotonic() + self.slot_check_interval)
         if count == 0:
             raise ConfigurationError(
