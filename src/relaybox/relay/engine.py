@@ -275,9 +275,12 @@ class Relay:
         self, database: Database, port: type[Any], opened: list[Storage]
     ) -> Connections[Any]:
         """Three connections of their own to a database URL; a storage object given
-        serves as all three."""
+        serves as all three. The claiming and settling ones run only statements whose
+        generic plans are right (held by test), and run them so: none is planned again
+        at every call."""
         if isinstance(database, str):
-            claims, settles, housekeeping = [await self._open(database, opened) for _ in range(3)]
+            claims, settles = [await self._open(database, opened, hot=True) for _ in range(2)]
+            housekeeping = await self._open(database, opened)
             return Connections(claims, settles, housekeeping, housekeeping)
         if not isinstance(database, port) or not isinstance(database, OperatorStorage):
             raise ConfigurationError(
@@ -310,8 +313,10 @@ class Relay:
 
         self._listeners.append(await listen(database, self.table, processor.hint))
 
-    async def _open(self, url: str, into: list[Storage]) -> SqlStorage | MemoryStorage:
-        storage = await open_storage(url, table=self.table)
+    async def _open(
+        self, url: str, into: list[Storage], *, hot: bool = False
+    ) -> SqlStorage | MemoryStorage:
+        storage = await open_storage(url, table=self.table, generic_plans=hot)
         into.append(storage)
         return storage
 
