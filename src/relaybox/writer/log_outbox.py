@@ -97,6 +97,8 @@ class LogOutbox:
         self.max_payload_bytes = max_payload_bytes
         #: The logical message prefix the table's relay reads.
         self.prefix = log_prefix(self.table)
+        #: The table's slot, named once: every emit that checks it names it.
+        self._slot = log_slot(self.table)
 
     def rows(self, messages: Message | Iterable[Message]) -> tuple[list[Message], list[InsertRow]]:
         """Validate `messages` and turn them into rows, as `Outbox.rows`; no I/O."""
@@ -144,7 +146,7 @@ class LogOutbox:
                 f"LogOutbox writes into PostgreSQL's write-ahead log; this connection is "
                 f"{channel.dialect}: use Outbox there"
             )
-        return _emit_statement(self.prefix, log_slot(self.table), channel.style, checked)
+        return _emit_statement(self.prefix, self._slot, channel.style, checked)
 
     def _must_check(self, connection: Any) -> bool:
         """Whether this emit checks the slot: none of `connection`'s found it within
