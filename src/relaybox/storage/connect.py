@@ -1,17 +1,44 @@
 """One connection in one transaction to a database named by URL, through the client
 the URL names or the first installed one of its dialect: how the command line and the
 console reach an inbox's tables, which live in the consumer's database, not in a
-storage of relaybox's own.
+storage of relaybox's own, and how the entity and dedup stores reach theirs.
+
+The URL's timeouts bound it as they bound a storage: opening the connection within
+`connect_timeout` (a host that takes the connection and never answers gets a
+`StorageOperationalError`, not a wait without end), and each statement on PostgreSQL
+within `command_timeout`, which the server enforces (`statement_timeout`) and asyncpg
+also bounds on its side.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+import math
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from relaybox.core.extras import installed, missing
+from relaybox.errors import StorageOperationalError
 from relaybox.storage.urls import DatabaseUrl
+
+T = TypeVar("T")
+
+#: Seconds past the URL's bound for the driver's own, so that relaybox's names the
+#: stall first.
+_GRACE = 1.0
+
+
+async def _opened(url: DatabaseUrl, connecting: Awaitable[T]) -> T:
+    """`connecting`, within the URL's connect_timeout."""
+    seconds = url.connect_timeout
+    try:
+        async with asyncio.timeout(seconds):
+            return await connecting
+    except TimeoutError:
+        raise StorageOperationalError(
+            f"{url.masked} did not answer a new connection within {seconds:g} s"
+        ) from None
 
 
 @contextlib.asynccontextmanager
@@ -21,10 +48,15 @@ async def transaction(url: DatabaseUrl) -> AsyncIterator[Any]:
     client = next((c for c in url.clients if installed(c)), None)
     if client is None:
         raise missing(url.clients[0] if url.clients else url.dialect, f"reading {url.masked}")
+    statement_ms = str(max(1, round(url.command_timeout * 1000)))
     if client == "asyncpg":
         import asyncpg
 
-        pg = await asyncpg.connect(url.libpq_dsn())
+        pg = await _opened(url, asyncpg.connect(
+            url.libpq_dsn(), timeout=url.connect_timeout + _GRACE,
+            command_timeout=url.command_timeout + _GRACE,
+            server_settings={"statement_timeout": statement_ms},
+        ))  # fmt: skip
         try:
             async with pg.transaction():
                 yield pg
@@ -33,7 +65,11 @@ async def transaction(url: DatabaseUrl) -> AsyncIterator[Any]:
     elif client == "psycopg":
         import psycopg
 
-        async with await psycopg.AsyncConnection.connect(url.libpq_dsn()) as pq:
+        pq = await _opened(url, psycopg.AsyncConnection.connect(
+            url.libpq_dsn(), options=f"-c statement_timeout={statement_ms}",
+            connect_timeout=math.ceil(url.connect_timeout + _GRACE),  # libpq: whole seconds
+        ))  # fmt: skip
+        async with pq:
             yield pq  # psycopg commits on a clean exit, rolls back otherwise
     elif client == "aiosqlite":
         import aiosqlite
@@ -52,15 +88,16 @@ async def _mysql(url: DatabaseUrl, client: str) -> AsyncIterator[Any]:
     options: dict[str, Any] = {
         "host": url.host or "127.0.0.1", "port": url.port or 3306, "user": url.user or "root",
         "password": url.password or "", "autocommit": False,
+        "connect_timeout": url.connect_timeout + _GRACE,
     }  # fmt: skip
     if client == "asyncmy":
         import asyncmy
 
-        my = await asyncmy.connect(database=url.database or None, **options)
+        my = await _opened(url, asyncmy.connect(database=url.database or None, **options))
     else:
         import aiomysql
 
-        my = await aiomysql.connect(db=url.database or None, **options)
+        my = await _opened(url, aiomysql.connect(db=url.database or None, **options))
     try:
         yield my
         await my.commit()
