@@ -228,10 +228,8 @@ class PostgresStorage(SqlStorage):
     dialect = "postgresql"
     label = "PostgreSQL"
 
-    def __init__(
-        self, url: DatabaseUrl, *, table: str = DEFAULT_TABLE, generic_plans: bool = False
-    ) -> None:
-        super().__init__(url, table=table, generic_plans=generic_plans)
+    def __init__(self, url: DatabaseUrl, *, table: str = DEFAULT_TABLE) -> None:
+        super().__init__(url, table=table)
         self._lock_key = claim_lock_key(table)
         self._decode = decode if url.driver == "psycopg" else decode_exact
 

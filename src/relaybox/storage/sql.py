@@ -226,14 +226,12 @@ class SqlStorage(abc.ABC):
     #: statement whose count would cover only part of what it changed does.
     _COUNTED: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(
-        self, url: DatabaseUrl, *, table: str = DEFAULT_TABLE, generic_plans: bool = False
-    ) -> None:
+    def __init__(self, url: DatabaseUrl, *, table: str = DEFAULT_TABLE) -> None:
         self.table = table
         self._url = url
         #: Whether the connection runs every statement on its generic plan (see
         #: `connect`); only PostgreSQL has a plan cache that asks.
-        self._generic_plans = generic_plans
+        self._generic_plans = False
         self._queries = directed(sql.queries(self.dialect, table))
         self._query_names = {query: name for name, query in self._queries.items()}
         #: The held rows' due time, as this dialect's queries take a time.
@@ -249,8 +247,8 @@ class SqlStorage(abc.ABC):
         `generic_plans`, the connection runs every statement on its generic plan, for a
         relay's connections that run only the statements whose generic plans are held
         by test (PostgreSQL; other databases have no such choice)."""
-        url = DatabaseUrl.parse(url) if isinstance(url, str) else url
-        storage = cls(url, table=table, generic_plans=generic_plans)
+        storage = cls(DatabaseUrl.parse(url) if isinstance(url, str) else url, table=table)
+        storage._generic_plans = generic_plans  # before its first connection opens
         try:
             missing = await storage._run(lambda session: session.fetch("probe"))
             if missing:  # a probe that reads the catalog names them; others fail
