@@ -47,7 +47,6 @@ from relaybox.ports import (
     Storage,
     TableWriter,
 )
-from relaybox.writer import LogOutbox, Outbox
 
 __version__ = "0.1.0"
 
@@ -55,10 +54,15 @@ if _TYPE_CHECKING:
     from relaybox.inbox import Consumer, Inbox, Processed
     from relaybox.observability.http import StatusServer
     from relaybox.relay import Relay, RelaySettings, RelayThread
+    from relaybox.writer import LogOutbox, Outbox
 
 #: The relay and the inbox pull in asyncio and more (a noticeable import time); a
 #: service that only writes messages should not pay for it, so these load on first use.
+#: So do the writers, which a relay process (a Python interpreter started for each
+#: relay, where the import is most of its start) never uses.
 _LAZY = {
+    "Outbox": "relaybox.writer",
+    "LogOutbox": "relaybox.writer",
     "Relay": "relaybox.relay",
     "RelaySettings": "relaybox.relay",
     "RelayThread": "relaybox.relay",

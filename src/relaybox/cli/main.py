@@ -15,7 +15,6 @@ from relaybox.cli import output
 from relaybox.cli.urls import database_option
 from relaybox.core.identifiers import DEFAULT_INBOX, DEFAULT_TABLE
 from relaybox.errors import RelayboxError
-from relaybox.migrations import migrate as run_migrations
 from relaybox.operations import admin
 from relaybox.storage.urls import DatabaseUrl
 
@@ -80,6 +79,8 @@ def migrate(db_url: str, table: str | None, inbox: bool, log: bool) -> None:
     try:
         masked = DatabaseUrl.parse(db_url).masked
         kind: sql.Kind = "inbox" if inbox else "outbox"
+        from relaybox.migrations import migrate as run_migrations  # only this command's
+
         report = asyncio.run(run_migrations(db_url, table=table, kind=kind))
         if log:
             from relaybox.core.log_records import log_slot

@@ -19,7 +19,6 @@ from relaybox.core.circuit import CircuitPolicy
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError, RelayboxError
-from relaybox.observability.http import StatusServer, parse_address
 from relaybox.relay.engine import Relay
 from relaybox.relay.settings import RelaySettings
 
@@ -94,6 +93,8 @@ async def serve(
     server = None
     try:
         if http is not None:  # bound first: a port in use stops us before we join
+            from relaybox.observability.http import StatusServer  # --http's alone
+
             server = StatusServer(relay, *http)
             await server.start()
             relay.sample_stats(STATS_EVERY)
@@ -359,7 +360,11 @@ def relay(
             hold_keys=hold_keys,
             activity_interval=activity_interval or None,
         ))  # fmt: skip
-        address = None if http is None else parse_address(http)  # fails before anything starts
+        address = None
+        if http is not None:  # fails before anything starts
+            from relaybox.observability.http import parse_address
+
+            address = parse_address(http)
         chosen = nearest(ctx, {"databases": databases, "db_files": db_files})
         databases, db_files = chosen["databases"], chosen["db_files"]
         chosen = nearest(ctx, {"brokers": brokers, "broker_files": broker_files})
