@@ -20,13 +20,9 @@ from typing import Any, TypeVar
 
 from relaybox.core.extras import installed, missing
 from relaybox.errors import StorageOperationalError
-from relaybox.storage.urls import DatabaseUrl
+from relaybox.storage.urls import GRACE, DatabaseUrl
 
 T = TypeVar("T")
-
-#: Seconds past the URL's bound for the driver's own, so that relaybox's names the
-#: stall first.
-_GRACE = 1.0
 
 
 async def _opened(url: DatabaseUrl, connecting: Awaitable[T]) -> T:
@@ -48,13 +44,13 @@ async def transaction(url: DatabaseUrl) -> AsyncIterator[Any]:
     client = next((c for c in url.clients if installed(c)), None)
     if client is None:
         raise missing(url.clients[0] if url.clients else url.dialect, f"reading {url.masked}")
-    statement_ms = str(max(1, round(url.command_timeout * 1000)))
+    statement_ms = str(url.command_timeout_ms)
     if client == "asyncpg":
         import asyncpg
 
         pg = await _opened(url, asyncpg.connect(
-            url.libpq_dsn(), timeout=url.connect_timeout + _GRACE,
-            command_timeout=url.command_timeout + _GRACE,
+            url.libpq_dsn(), timeout=url.connect_timeout + GRACE,
+            command_timeout=url.command_timeout + GRACE,
             server_settings={"statement_timeout": statement_ms},
         ))  # fmt: skip
         try:
@@ -67,7 +63,7 @@ async def transaction(url: DatabaseUrl) -> AsyncIterator[Any]:
 
         pq = await _opened(url, psycopg.AsyncConnection.connect(
             url.libpq_dsn(), options=f"-c statement_timeout={statement_ms}",
-            connect_timeout=math.ceil(url.connect_timeout + _GRACE),  # libpq: whole seconds
+            connect_timeout=math.ceil(url.connect_timeout + GRACE),  # libpq: whole seconds
         ))  # fmt: skip
         async with pq:
             yield pq  # psycopg commits on a clean exit, rolls back otherwise
@@ -88,7 +84,7 @@ async def _mysql(url: DatabaseUrl, client: str) -> AsyncIterator[Any]:
     options: dict[str, Any] = {
         "host": url.host or "127.0.0.1", "port": url.port or 3306, "user": url.user or "root",
         "password": url.password or "", "autocommit": False,
-        "connect_timeout": url.connect_timeout + _GRACE,
+        "connect_timeout": url.connect_timeout + GRACE,
     }  # fmt: skip
     if client == "asyncmy":
         import asyncmy

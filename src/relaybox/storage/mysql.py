@@ -39,8 +39,8 @@ from relaybox.errors import (
     StorageOperationalError,
 )
 from relaybox.storage.rows import by_seq, within_bytes
-from relaybox.storage.sql import GRACE, Connection, Seqs, Session, SqlStorage
-from relaybox.storage.urls import DatabaseUrl
+from relaybox.storage.sql import Connection, Seqs, Session, SqlStorage
+from relaybox.storage.urls import GRACE, DatabaseUrl
 
 #: A row a claim may take: seq, target, key and payload size.
 Candidate = tuple[int, str, "str | None", int]
@@ -112,7 +112,7 @@ class _Driver:
             _escape_bytes_as_hex(connection)
         driver = cls(connection)
         try:
-            for statement in (*_SESSION, *_server_settings(connection, url.command_timeout)):
+            for statement in (*_SESSION, *_server_settings(connection, url)):
                 await driver.execute(statement, ())
         except BaseException:
             await driver.discard()
@@ -146,9 +146,9 @@ class _Driver:
         self._connection.close()
 
 
-def _server_settings(connection: Any, seconds: float) -> tuple[str, ...]:
-    """The session settings of this server: the one that stops a statement after
-    `seconds`, and on MariaDB two that keep its plans to what relaybox's queries say.
+def _server_settings(connection: Any, url: DatabaseUrl) -> tuple[str, ...]:
+    """The session settings of this server: the one that stops a statement after the
+    URL's `command_timeout`, and on MariaDB two that keep its plans to what relaybox's queries say.
 
     MariaDB turns a list of 1000 values or more (`seq IN (...)`, a batch of 1000 seqs)
     into a table of values joined to the statement's tables, and then planned a walk
@@ -162,11 +162,11 @@ def _server_settings(connection: Any, seconds: float) -> tuple[str, ...]:
     statements name the indexes they walk and need no column statistics."""
     if "mariadb" in str(connection.get_server_info()).lower():
         return (
-            f"SET SESSION max_statement_time = {seconds:.3f}",
+            f"SET SESSION max_statement_time = {url.command_timeout:.3f}",
             "SET SESSION in_predicate_conversion_threshold = 0",
             "SET SESSION use_stat_tables = 'NEVER'",
         )
-    return (f"SET SESSION max_execution_time = {max(1, round(seconds * 1000))}",)
+    return (f"SET SESSION max_execution_time = {url.command_timeout_ms}",)
 
 
 def _escape_bytes_as_hex(connection: Any) -> None:

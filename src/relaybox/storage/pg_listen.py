@@ -23,8 +23,7 @@ from relaybox.core.retry import RetryPolicy
 from relaybox.core.urls import without_secrets
 from relaybox.errors import ConfigurationError, StorageError, StorageOperationalError
 from relaybox.storage.postgres import translate
-from relaybox.storage.sql import GRACE
-from relaybox.storage.urls import DatabaseUrl
+from relaybox.storage.urls import GRACE, DatabaseUrl
 
 logger = logging.getLogger(__name__)
 

@@ -54,8 +54,7 @@ from relaybox.errors import (
     StorageOperationalError,
 )
 from relaybox.storage.postgres import PostgresStorage, translate
-from relaybox.storage.sql import GRACE
-from relaybox.storage.urls import DatabaseUrl
+from relaybox.storage.urls import GRACE, DatabaseUrl
 
 logger = logging.getLogger(__name__)
 

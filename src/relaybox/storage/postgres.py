@@ -45,8 +45,8 @@ from relaybox.storage.rows import (
     decode_exact,
     readable,
 )
-from relaybox.storage.sql import GRACE, Connection, Seqs, SqlStorage, assignment
-from relaybox.storage.urls import DatabaseUrl
+from relaybox.storage.sql import Connection, Seqs, SqlStorage, assignment
+from relaybox.storage.urls import GRACE, DatabaseUrl
 
 #: For the relay's own connections. The claim's estimated cost (its per-row order
 #: checks) crosses jit_above_cost, and compiling it cost more than running it.
@@ -80,7 +80,7 @@ GENERIC_PLANS = {"plan_cache_mode": "force_generic_plan"}
 def session_settings(url: DatabaseUrl, *, generic_plans: bool = False) -> dict[str, str]:
     """SESSION_SETTINGS and the URL's statement bound, in milliseconds; with
     `generic_plans`, GENERIC_PLANS too."""
-    bound = str(max(1, round(url.command_timeout * 1000)))
+    bound = str(url.command_timeout_ms)
     return {
         **SESSION_SETTINGS,
         **(GENERIC_PLANS if generic_plans else {}),

@@ -94,16 +94,12 @@ from relaybox.storage.rows import (
     relay_members,
     stuck_targets,
 )
-from relaybox.storage.urls import DatabaseUrl
+from relaybox.storage.urls import GRACE, DatabaseUrl
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Seconds between the two bounds of one call. A statement's is the server's first (it
-#: keeps the connection), relaybox's after; a connect's relaybox's first (it says what
-#: stalled), the driver's own after.
-GRACE = 1.0
 #: Seconds a polite close may take before the connection is dropped instead.
 CLOSE_TIMEOUT = 1.0
 

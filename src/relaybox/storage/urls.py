@@ -49,6 +49,10 @@ _MULTI_HOST = frozenset({"postgresql"})
 
 #: relaybox's own query options and their defaults, in seconds.
 TIMEOUT_OPTIONS = {"connect_timeout": 5.0, "command_timeout": 30.0}
+#: Seconds between the two bounds of one call. A statement's is the server's first (it
+#: keeps the connection), relaybox's after; a connect's relaybox's first (it says what
+#: stalled), the driver's own after.
+GRACE = 1.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -141,6 +145,11 @@ class DatabaseUrl:
         """The URL's password (userinfo or `?password=`) and other secret options, as
         written and percent-decoded: what must not appear in a driver's error."""
         return url_secrets(self.url)
+
+    @property
+    def command_timeout_ms(self) -> int:
+        """`command_timeout` in whole milliseconds, at least 1, as servers take it."""
+        return max(1, round(self.command_timeout * 1000))
 
     def libpq_dsn(self) -> str:
         """A postgresql:// URL without the +driver suffix and without relaybox's own
