@@ -116,7 +116,13 @@ class Delivery:
         still_ours: Callable[[], bool] | None = None,
     ) -> None:
         """Publish `messages`, filling `settlement` as outcomes arrive (so a cancelled
-        delivery still tells what it confirmed)."""
+        delivery still tells what it confirmed).
+
+        The work starts one turn of the event loop later. A relay's claim loop launches
+        a batch and at once reads the next; so that read is sent first, and the
+        database runs it while this batch is grouped, published and settled, instead
+        of waiting for that work before the read even leaves the process."""
+        await asyncio.sleep(0)
         active = chains(messages)
         depth = 0  # wave `depth` sends each active chain's message at that position
         while active:

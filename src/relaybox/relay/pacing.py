@@ -61,11 +61,6 @@ class ClaimPacing:
 
 
 def _deep(messages: Iterable[StoredMessage]) -> bool:
-    seen: set[tuple[str, str]] = set()
-    for message in messages:
-        if message.key is not None:
-            chain = (message.target, message.key)
-            if chain in seen:
-                return True
-            seen.add(chain)
-    return False
+    """Whether two of `messages` share a (target, key)."""
+    chains = [(m.target, m.key) for m in messages if m.key is not None]
+    return len(set(chains)) < len(chains)
