@@ -618,6 +618,22 @@ async def test_a_read_skips_what_is_in_flight_and_holds_back_its_keys(backend: B
     assert [m.key for m in again] == ["k1", "k1", "k2", "k1"]
 
 
+async def test_a_key_in_flight_to_one_target_holds_back_that_target_only(
+    backend: Backend,
+) -> None:
+    both = ["default", "partner"]
+    await write(backend, msg("k", targets=both), msg("k", targets=both), msg("k-other"))
+    head = await backend.storage.read(limit=1)
+    assert [(m.target, m.key) for m in head] == [("default", "k")]
+    beside = await backend.storage.read(limit=10, in_flight=in_flight(*head))
+    assert [(m.target, m.key) for m in beside] == [
+        ("partner", "k"), ("partner", "k"), ("default", "k-other"),
+    ]  # fmt: skip
+    assert [m.seq for m in beside] == sorted(m.seq for m in beside)
+    rest = await backend.storage.read(limit=10, in_flight=in_flight(*head, *beside))
+    assert rest == []
+
+
 async def test_a_read_stops_at_its_byte_budget_and_a_larger_payload_goes_alone(
     backend: Backend,
 ) -> None:

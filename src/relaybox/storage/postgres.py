@@ -315,7 +315,7 @@ class PostgresStorage(SqlStorage):
         max_bytes: int | None = None,
         at_least_one: bool = True,
     ) -> list[StoredMessage]:
-        keys = json.dumps([(m.target, m.key) for m in in_flight if m.key is not None])
+        keys = json.dumps([f"{m.target}\x1f{m.key}" for m in in_flight if m.key is not None])
         window = 2 * limit + len(in_flight)  # live rows the read looks at
         found = await self._fetch(
             "read", limit, _list(partitions), require_partitions(partition_count),
