@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import sqlite3
 import uuid
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import relaybox.relay.engine
 from relaybox.cli.main import main
 
 
@@ -85,6 +87,11 @@ def test_bench_runs_relay_processes_cold_and_warm_watching_their_stream() -> Non
     assert report["drains"]["warm_msg_per_s"] == warm["msg_per_s"]
     assert report["drains"]["cold_fresh_table_msg_per_s"] == fresh["drain"]["msg_per_s"]
     assert report["fill"]["writer"] == "a process of its own"
+    # The relays start from byte-compiled modules, as an installed relaybox does.
+    assert report["byte_compiled"] is True
+    source = Path(relaybox.relay.engine.__file__)
+    compiled = Path(importlib.util.cache_from_source(str(source)))
+    assert compiled.stat().st_mtime >= source.stat().st_mtime
     paced = report["paced"]
     assert paced["messages"] == 50
     assert 0 < paced["commit_to_confirm"]["p50_ms"] <= paced["commit_to_confirm"]["max_ms"]

@@ -21,7 +21,9 @@ planner then knows nothing of the table; the warm drain's VACUUM ANALYZE hides i
 
 With --cross-process (bench_cross.py), the writers and the relays (`relaybox relay`,
 --relays of them) run in processes of their own, as users run them, and the bench
-watches the Redis stream the relays publish to.
+watches the Redis stream the relays publish to. relaybox's modules are byte-compiled
+first (`byte_compiled` in the report), as an installed package's are, so a process
+started from a checkout does not compile them at every start.
 
 Prints one JSON document on stdout; progress goes to stderr.
 """
@@ -976,6 +978,7 @@ async def _measure_in_process(
 async def _measure_cross(options: BenchOptions, admin: Admin, report: dict[str, Any]) -> None:
     from relaybox.tools import bench_cross
 
+    report["byte_compiled"] = bench_cross.byte_compile()
     watched = bench_cross.watchable(options.broker)
     watch = bench_cross.StreamWatch(options.broker, options.topic) if watched else None
     try:
