@@ -118,10 +118,10 @@ class Delivery:
         """Publish `messages`, filling `settlement` as outcomes arrive (so a cancelled
         delivery still tells what it confirmed).
 
-        The work starts one turn of the event loop later. A relay's claim loop launches
-        a batch and at once reads the next; so that read is sent first, and the
-        database runs it while this batch is grouped, published and settled, instead
-        of waiting for that work before the read even leaves the process."""
+        The work starts one turn of the event loop later, so that whatever launched the
+        batch goes on first: a claim loop, which launches a batch and at once reads the
+        next, sends that read before this batch is grouped, published and settled, and
+        the database runs it meanwhile instead of waiting for that work."""
         await asyncio.sleep(0)
         active = chains(messages)
         depth = 0  # wave `depth` sends each active chain's message at that position

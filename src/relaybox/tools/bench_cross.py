@@ -168,8 +168,7 @@ def byte_compile() -> bool:
 
     import relaybox
 
-    with contextlib.redirect_stdout(sys.stderr):
-        return bool(compileall.compile_dir(Path(relaybox.__file__).parent, quiet=2))
+    return bool(compileall.compile_dir(Path(relaybox.__file__).parent, quiet=2))
 
 
 class Fleet:
