@@ -286,6 +286,7 @@ async def test_the_relay_command_delivers_and_stops_on_sigterm(tmp_path: Path) -
     finally:
         output = _stopped(relay)
     assert "stopped" in output
+    assert "event loop: uvloop" in output  # the relay process's loop, as `relaybox relay`
     assert "127.0.0.1:1" in output  # the down server was logged
     assert SECRET not in output
     lines = [json.loads(line) for line in sink.read_text().splitlines()]

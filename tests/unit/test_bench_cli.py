@@ -115,6 +115,7 @@ def test_bench_times_relay_processes_publishing_nowhere_to_the_last_settle() -> 
         assert drain["seconds"] == drain["all_settled_seconds"] > 0
         assert drain["first_confirm_seconds"] is None
         assert drain["relay_exit_codes"] == [0]
+        assert drain["relay_event_loops"] == ["uvloop"]  # as `relaybox relay` runs by default
     assert report["paced"] is None
     assert _pg_tables(table) == []
     assert _pg_functions(table) == []  # the heartbeat, claim and read functions too

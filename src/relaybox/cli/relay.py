@@ -19,7 +19,9 @@ from relaybox.core.circuit import CircuitPolicy
 from relaybox.core.identifiers import DEFAULT_TABLE
 from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError, RelayboxError
+from relaybox.relay import loops
 from relaybox.relay.engine import Relay
+from relaybox.relay.loops import LOOPS
 from relaybox.relay.settings import RelaySettings
 
 _early_signal: list[int] = []
@@ -99,7 +101,10 @@ async def serve(
             await server.start()
             relay.sample_stats(STATS_EVERY)
         await relay.start()
-        output.line(f"relay {relay.worker} running; targets: {', '.join(relay.publishers)}")
+        output.line(
+            f"relay {relay.worker} running; targets: {', '.join(relay.publishers)}; "
+            f"event loop: {loops.running_loop_name()}"
+        )
         if server is not None:
             output.line(f"status endpoints on {server.url} (/metrics, /api/outbox, /healthz)")
         with contextlib.suppress(TimeoutError):
@@ -312,6 +317,14 @@ _CIRCUIT = _DEFAULTS.circuit
     help="First create what each target's URL says it needs on its broker, as "
     "`relaybox setup` does.",
 )
+@click.option(
+    "--loop",
+    type=click.Choice(LOOPS),
+    default="auto",
+    show_default=True,
+    help="The event loop: auto takes uvloop where it is installed (relaybox installs it "
+    "off Windows), asyncio's own loop otherwise.",
+)
 @click.option("--max-seconds", type=float, default=None, help="Stop after this long.")
 @click.option(
     "--log-level", default="INFO", show_default=True,
@@ -327,7 +340,7 @@ def relay(
     max_claim_bytes: int,
     published_retention: float, abandoned_retention: float, hold_keys: bool,
     cleanup_interval: float, shutdown_timeout: float, activity_interval: float,
-    http: str | None, opentelemetry: bool, setup_topology: bool,
+    http: str | None, opentelemetry: bool, setup_topology: bool, loop: str,
     max_seconds: float | None, log_level: str,
 ) -> None:  # fmt: skip
     """Deliver committed outbox messages to brokers until SIGTERM or SIGINT.
@@ -373,7 +386,7 @@ def relay(
         broker_urls = urls.brokers(brokers, broker_files)
         logs.hide([*database_urls, *broker_urls.values()])
         if setup_topology:
-            for line in asyncio.run(set_up(broker_urls)):
+            for line in loops.run(set_up(broker_urls), loop=loop):
                 output.line(f"setup {line}")
         relay_class: type[Relay] = Relay
         if mode == "log":
@@ -385,6 +398,6 @@ def relay(
             from relaybox.observability.otel import instrument_relay
 
             instrument_relay(engine)
-        asyncio.run(serve(engine, max_seconds=max_seconds, http=address))
+        loops.run(serve(engine, max_seconds=max_seconds, http=address), loop=loop)
     except RelayboxError as exc:
         raise output.Failure(str(exc)) from exc

@@ -27,13 +27,19 @@ from collections.abc import Callable
 from types import FrameType
 
 from relaybox.errors import RelayboxError
+from relaybox.relay import loops
 from relaybox.relay.engine import Relay, _Subscribable
 
 
 class RelayThread:
-    def __init__(self, factory: Callable[[], Relay], *, name: str = "relaybox-relay") -> None:
+    def __init__(
+        self, factory: Callable[[], Relay], *, name: str = "relaybox-relay", loop: str = "auto"
+    ) -> None:
+        """`loop`: the thread's event loop (`relaybox.relay.loops.LOOPS`): by default
+        uvloop where it is installed."""
         self._factory = factory
         self._name = name
+        self._loop_factory = loops.loop_factory(loop)  # an unknown name fails here
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started: concurrent.futures.Future[Relay] = concurrent.futures.Future()
@@ -124,7 +130,8 @@ class RelayThread:
         os.kill(os.getpid(), signum)  # the default action now: the process ends
 
     def _main(self) -> None:
-        asyncio.run(self._serve())
+        with asyncio.Runner(loop_factory=self._loop_factory) as runner:
+            runner.run(self._serve())
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()

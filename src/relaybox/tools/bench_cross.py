@@ -128,6 +128,8 @@ class RelayProcess:
     process: asyncio.subprocess.Process
     log: Path
     worker: str = ""
+    #: The event loop its start-up line names (`uvloop`, `asyncio`).
+    loop: str = ""
 
     def tail(self, lines: int = 20) -> str:
         try:
@@ -226,6 +228,7 @@ async def _until_running(relay: RelayProcess) -> None:
         words = line.split()
         if len(words) >= 3 and words[0] == "relay" and words[2].rstrip(";") == "running":
             relay.worker = words[1]
+            relay.loop = line.rpartition("event loop:")[2].strip()
             return
 
 
@@ -435,6 +438,7 @@ async def drain(
                 await start
             lsn = await pg.wal_lsn() if pg is not None else 0
             relay_cpu = [r.cpu_seconds() for r in processes.relays]
+            loops = sorted({r.loop for r in processes.relays})
             codes = await processes.stop()
     finally:
         if probe is not None:
@@ -450,7 +454,7 @@ async def drain(
         ),
         "all_settled_seconds": round(settled, 3), "claims": None, "cpu": usage,
         "relay_cpu_percent_of_one_core": [round(100 * c / settled, 1) for c in relay_cpu],
-        "relay_exit_codes": codes,
+        "relay_exit_codes": codes, "relay_event_loops": loops,
     }  # fmt: skip
     if watch is None and clock.first_settle_at is not None:
         # Publishing nowhere, the first settle stands for the first confirm: the rate

@@ -4,7 +4,6 @@ relay options."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -15,7 +14,9 @@ from relaybox.errors import ConfigurationError, RelayboxError
 from relaybox.integrations.django.conf import settings
 from relaybox.integrations.django.management.setup import database_url
 from relaybox.observability.http import parse_address
+from relaybox.relay import loops
 from relaybox.relay.engine import Relay
+from relaybox.relay.loops import LOOPS
 
 
 class Command(BaseCommand):  # type: ignore[misc]
@@ -28,6 +29,10 @@ class Command(BaseCommand):  # type: ignore[misc]
         parser.add_argument(
             "--http", metavar="HOST:PORT",
             help="Serve /metrics, /api/outbox, /healthz and /readyz there.",
+        )  # fmt: skip
+        parser.add_argument(
+            "--loop", choices=LOOPS, default="auto",
+            help="The event loop: auto takes uvloop where it is installed.",
         )  # fmt: skip
         parser.add_argument("--max-seconds", type=float, help="Stop after this long.")
         parser.add_argument(
@@ -54,4 +59,5 @@ class Command(BaseCommand):  # type: ignore[misc]
         database = database_url(conf)
         masked_logging(options["log_level"]).hide([database, *conf.brokers.values()])
         relay = Relay([database], dict(conf.brokers), table=conf.outbox_table, settings=tuning)
-        asyncio.run(serve(relay, max_seconds=options["max_seconds"], http=address))
+        work = serve(relay, max_seconds=options["max_seconds"], http=address)
+        loops.run(work, loop=options["loop"])
