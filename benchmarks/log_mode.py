@@ -23,7 +23,8 @@ logical, stopped at the end), or `--url` of one that runs wal_level = logical.
 
 2. Commit-to-publish latency at `--rate` messages a second, one per transaction,
    spread over `--writers` processes: relaybox's log relay (`LogRelay`, in a process
-   of its own, with a broker that confirms at once and notes the time) and walbox
+   of its own, on the event loop and collector settings of `relaybox relay`, with a
+   broker that confirms at once and notes the time) and walbox
    (https://pypi.org/project/walbox/, under Python 3.13 from `--walbox-python`, a
    handler that notes the time and saves walbox's checkpoint as its README does) run
    side by side the whole time, and the writers switch between them every `--slice`
@@ -275,8 +276,10 @@ def relaybox_consumer(url: str, out: str, ready: str) -> None:
     """A log relay whose broker confirms at once and notes when each message came."""
     from collections.abc import Sequence
 
+    from relaybox.cli.relay import collector_for_a_relay
     from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult
     from relaybox.core.records import StoredMessage
+    from relaybox.relay import loops
     from relaybox.relay.log_stream import LogRelay
     from relaybox.relay.settings import RelaySettings
 
@@ -308,7 +311,9 @@ def relaybox_consumer(url: str, out: str, ready: str) -> None:
         await stop.wait()
         await relay.stop()
 
-    asyncio.run(run())
+    # As `relaybox relay --mode log` runs it: its event loop, its collector's settings.
+    with collector_for_a_relay():
+        loops.run(run())
     Path(out).write_text(json.dumps(seen))
 
 
@@ -431,7 +436,9 @@ def drain(url: str, count: int) -> dict[str, Any]:
     import psycopg
 
     from relaybox import LogOutbox, Message
+    from relaybox.cli.relay import collector_for_a_relay
     from relaybox.publishers.memory import NoopPublisher
+    from relaybox.relay import loops
     from relaybox.relay.log_stream import LogRelay
     from relaybox.relay.settings import RelaySettings
     from relaybox.storage.pg_log import create_slot, drop_slot
@@ -456,7 +463,8 @@ def drain(url: str, count: int) -> dict[str, Any]:
         await relay.stop()
         return elapsed
 
-    elapsed = asyncio.run(run())
+    with collector_for_a_relay():
+        elapsed = loops.run(run())
     return {"messages": count, "seconds": round(elapsed, 3), "msg_per_s": round(count / elapsed)}
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from relaybox.cli.relay import RELAY_GC_THRESHOLD, _collector_for_a_relay
+from relaybox.cli.relay import RELAY_GC_THRESHOLD, collector_for_a_relay
 
 
 class _Node:
@@ -17,7 +17,7 @@ class _Node:
 def test_what_lives_at_start_is_frozen_and_young_objects_wait_longer_then_all_is_back() -> None:
     before = gc.get_threshold()
     assert gc.get_freeze_count() == 0
-    with _collector_for_a_relay():
+    with collector_for_a_relay():
         assert gc.get_freeze_count() > 1000  # the imports' objects at least
         assert gc.get_threshold() == (RELAY_GC_THRESHOLD, *before[1:])
         a, b = _Node(), _Node()

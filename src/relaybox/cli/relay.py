@@ -87,7 +87,7 @@ async def serve(
 ) -> None:
     """Run until a signal (or `max_seconds`), then stop gracefully; with `http`
     (host, port), serve the status endpoints there meanwhile. While the relay runs,
-    the garbage collector is set for it (`_collector_for_a_relay`)."""
+    the garbage collector is set for it (`collector_for_a_relay`)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -104,7 +104,7 @@ async def serve(
                 await server.start()
                 relay.sample_stats(STATS_EVERY)
             await relay.start()
-            collector.enter_context(_collector_for_a_relay())
+            collector.enter_context(collector_for_a_relay())
             output.line(
                 f"relay {relay.worker} running; targets: {', '.join(relay.publishers)}; "
                 f"event loop: {loops.running_loop_name()}"
@@ -127,7 +127,7 @@ RELAY_GC_THRESHOLD = 20_000
 
 
 @contextlib.contextmanager
-def _collector_for_a_relay() -> Iterator[None]:
+def collector_for_a_relay() -> Iterator[None]:
     """The garbage collector set for a relay process, then as it was.
 
     - Every object alive once the relay has started is frozen (`gc.freeze`): the
