@@ -291,6 +291,27 @@ async def test_refuses_to_start_when_nothing_listens() -> None:
         await publisher.start()
 
 
+async def test_a_connect_that_ends_in_stop_async_iteration_is_unavailable_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """aiormq's frame reader ends with StopAsyncIteration when the server's EOF was in
+    before it read the first frame (seen under load, through a proxy in front of a
+    stopped broker that accepts and closes at once): the publisher reports the broker
+    unavailable, so the relay retries, at start and on publish."""
+
+    async def hangs_up(*args: object, **kwargs: object) -> AbstractConnection:
+        raise StopAsyncIteration
+
+    monkeypatch.setattr(amqp.aio_pika, "connect", hangs_up)
+    publisher = open_publisher("amqp://guest:guest@127.0.0.1:5672/?timeout=2")
+    with pytest.raises(BrokerUnavailableError, match="closed the connection"):
+        await publisher.start()
+    results = await publisher.publish([stored(unique_topic())])
+    await publisher.close()
+    assert [r.outcome for r in results] == [Outcome.TRANSIENT]
+    assert "closed the connection" in (results[0].error or "")
+
+
 async def test_refuses_to_start_with_a_missing_exchange() -> None:
     publisher = open_publisher(f"{SHARED_URL}?exchange={unique_topic()}")
     with pytest.raises(BrokerError, match="does not exist"):

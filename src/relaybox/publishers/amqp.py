@@ -106,6 +106,17 @@ _CONNECTION_ERRORS = (AMQPError, ConnectionError, OSError, TimeoutError)
 _OPENING_ERRORS = (*_CONNECTION_ERRORS, RuntimeError)
 
 
+async def _connect(url: str, timeout: float) -> AbstractConnection:
+    """`aio_pika.connect`, with a server that closes the socket before its first frame
+    reported as the lost connection it is: aiormq's frame reader then ends with
+    StopAsyncIteration, which would otherwise escape every handler of connection
+    errors (seen when a proxy in front of a stopped broker accepts and closes)."""
+    try:
+        return await aio_pika.connect(url, timeout=timeout)
+    except StopAsyncIteration as error:
+        raise ConnectionResetError("the server closed the connection before it answered") from error
+
+
 #: Exchange types `relaybox setup` may declare.
 EXCHANGE_TYPES = ("direct", "topic", "fanout", "headers")
 
@@ -237,7 +248,7 @@ class AmqpPublisher:
     async def setup_topology(self) -> list[Declared]:
         """Create the URL's exchange and queue if missing, and bind them."""
         try:
-            connection = await aio_pika.connect(self._url, timeout=self._timeout)
+            connection = await _connect(self._url, self._timeout)
         except _OPENING_ERRORS as error:
             raise BrokerUnavailableError(
                 f"cannot connect to RabbitMQ at {self._display}: {_describe(error)}"
@@ -301,7 +312,7 @@ class AmqpPublisher:
         if connection is None or not _alive(connection):
             await _close_quietly(connection, self._timeout)
             self._connection = None
-            connection = self._connection = await aio_pika.connect(self._url, timeout=self._timeout)
+            connection = self._connection = await _connect(self._url, self._timeout)
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         if not self._exchange:
             return _Lane(channel, channel.default_exchange)
