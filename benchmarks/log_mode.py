@@ -276,7 +276,6 @@ def relaybox_consumer(url: str, out: str, ready: str) -> None:
     """A log relay whose broker confirms at once and notes when each message came."""
     from collections.abc import Sequence
 
-    from relaybox.cli.relay import collector_for_a_relay
     from relaybox.core.publishing import ACKED, PublisherFeatures, PublishResult
     from relaybox.core.records import StoredMessage
     from relaybox.relay import loops
@@ -311,9 +310,7 @@ def relaybox_consumer(url: str, out: str, ready: str) -> None:
         await stop.wait()
         await relay.stop()
 
-    # As `relaybox relay --mode log` runs it: its event loop, its collector's settings.
-    with collector_for_a_relay():
-        loops.run(run())
+    loops.run_relay(run())  # as `relaybox relay --mode log` runs it
     Path(out).write_text(json.dumps(seen))
 
 
@@ -436,7 +433,6 @@ def drain(url: str, count: int) -> dict[str, Any]:
     import psycopg
 
     from relaybox import LogOutbox, Message
-    from relaybox.cli.relay import collector_for_a_relay
     from relaybox.publishers.memory import NoopPublisher
     from relaybox.relay import loops
     from relaybox.relay.log_stream import LogRelay
@@ -463,8 +459,7 @@ def drain(url: str, count: int) -> dict[str, Any]:
         await relay.stop()
         return elapsed
 
-    with collector_for_a_relay():
-        elapsed = loops.run(run())
+    elapsed = loops.run_relay(run())
     return {"messages": count, "seconds": round(elapsed, 3), "msg_per_s": round(count / elapsed)}
 
 

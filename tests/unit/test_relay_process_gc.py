@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from relaybox.cli.relay import RELAY_GC_THRESHOLD, collector_for_a_relay
+from relaybox.relay.loops import RELAY_GC_THRESHOLD, collector_for_a_relay
 
 
 class _Node:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import signal
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -22,7 +21,6 @@ from relaybox.core.retry import RetryPolicy
 from relaybox.errors import ConfigurationError, RelayboxError
 from relaybox.relay import loops
 from relaybox.relay.engine import Relay
-from relaybox.relay.loops import LOOPS
 from relaybox.relay.settings import RelaySettings
 
 _early_signal: list[int] = []
@@ -86,8 +84,7 @@ async def serve(
     relay: Relay, *, max_seconds: float | None = None, http: tuple[str, int] | None = None
 ) -> None:
     """Run until a signal (or `max_seconds`), then stop gracefully; with `http`
-    (host, port), serve the status endpoints there meanwhile. While the relay runs,
-    the garbage collector is set for it (`collector_for_a_relay`)."""
+    (host, port), serve the status endpoints there meanwhile."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -95,66 +92,29 @@ async def serve(
     if _early_signal:  # it came while we were starting: start, then stop at once
         stop.set()
     server = None
-    with contextlib.ExitStack() as collector:  # set once the relay has started
-        try:
-            if http is not None:  # bound first: a port in use stops us before we join
-                from relaybox.observability.http import StatusServer  # --http's alone
-
-                server = StatusServer(relay, *http)
-                await server.start()
-                relay.sample_stats(STATS_EVERY)
-            await relay.start()
-            collector.enter_context(collector_for_a_relay())
-            output.line(
-                f"relay {relay.worker} running; targets: {', '.join(relay.publishers)}; "
-                f"event loop: {loops.running_loop_name()}"
-            )
-            if server is not None:
-                output.line(f"status endpoints on {server.url} (/metrics, /api/outbox, /healthz)")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), max_seconds)
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-            if server is not None:
-                await server.close()
-            await relay.stop()
-    output.line(f"relay {relay.worker} stopped")
-
-
-#: Allocations of tracked objects between two young collections, for a relay process.
-RELAY_GC_THRESHOLD = 20_000
-
-
-@contextlib.contextmanager
-def collector_for_a_relay() -> Iterator[None]:
-    """The garbage collector set for a relay process, then as it was.
-
-    - Every object alive once the relay has started is frozen (`gc.freeze`): the
-      modules, settings, connections and publishers live as long as the process, and
-      full collections leave them out. Unfrozen, a relay process tracks some fifty
-      thousand objects from its imports alone, and a full collection paused it for
-      about 22 ms on the machine of docs/benchmarks.md, holding up every message that
-      arrived meanwhile.
-    - A young collection comes after `RELAY_GC_THRESHOLD` allocations, not Python's
-      700: a batch in flight (500 rows, each a record, a message and their parts) is
-      alive through every collection that comes while it is published, so each one
-      scanned it again and moved it on to older generations, to be scanned there too.
-      What the relay makes goes away by reference counting; the collector only finds
-      cycles, and a few thousand allocations more before it looks cost nothing.
-
-    Measured on that machine (a 300k-row drain to a no-op broker, alternated pairs of
-    relay processes, medians): the freeze took the relay's CPU to 0.89 of what it was
-    (8 pairs), the threshold on top of it to 0.90 of that (12 pairs), both together to
-    0.86 (10 pairs)."""
-    thresholds = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(RELAY_GC_THRESHOLD, *thresholds[1:])
     try:
-        yield
+        if http is not None:  # bound first: a port in use stops us before we join
+            from relaybox.observability.http import StatusServer  # --http's alone
+
+            server = StatusServer(relay, *http)
+            await server.start()
+            relay.sample_stats(STATS_EVERY)
+        await relay.start()
+        output.line(
+            f"relay {relay.worker} running; targets: {', '.join(relay.publishers)}; "
+            f"event loop: {loops.running_loop_name()}"
+        )
+        if server is not None:
+            output.line(f"status endpoints on {server.url} (/metrics, /api/outbox, /healthz)")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), max_seconds)
     finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        if server is not None:
+            await server.close()
+        await relay.stop()
+    output.line(f"relay {relay.worker} stopped")
 
 
 def _settings(ctx: click.Context, build: Callable[[], RelaySettings]) -> RelaySettings:
@@ -358,7 +318,7 @@ _CIRCUIT = _DEFAULTS.circuit
 )
 @click.option(
     "--loop",
-    type=click.Choice(LOOPS),
+    type=click.Choice(loops.LOOPS),
     default="auto",
     show_default=True,
     help="The event loop: auto takes uvloop where it is installed (relaybox installs it "
@@ -437,6 +397,6 @@ def relay(
             from relaybox.observability.otel import instrument_relay
 
             instrument_relay(engine)
-        loops.run(serve(engine, max_seconds=max_seconds, http=address), loop=loop)
+        loops.run_relay(serve(engine, max_seconds=max_seconds, http=address), loop=loop)
     except RelayboxError as exc:
         raise output.Failure(str(exc)) from exc

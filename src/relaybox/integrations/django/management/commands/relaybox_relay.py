@@ -16,7 +16,6 @@ from relaybox.integrations.django.management.setup import database_url
 from relaybox.observability.http import parse_address
 from relaybox.relay import loops
 from relaybox.relay.engine import Relay
-from relaybox.relay.loops import LOOPS
 
 
 class Command(BaseCommand):  # type: ignore[misc]
@@ -31,7 +30,7 @@ class Command(BaseCommand):  # type: ignore[misc]
             help="Serve /metrics, /api/outbox, /healthz and /readyz there.",
         )  # fmt: skip
         parser.add_argument(
-            "--loop", choices=LOOPS, default="auto",
+            "--loop", choices=loops.LOOPS, default="auto",
             help="The event loop: auto takes uvloop where it is installed.",
         )  # fmt: skip
         parser.add_argument("--max-seconds", type=float, help="Stop after this long.")
@@ -60,4 +59,4 @@ class Command(BaseCommand):  # type: ignore[misc]
         masked_logging(options["log_level"]).hide([database, *conf.brokers.values()])
         relay = Relay([database], dict(conf.brokers), table=conf.outbox_table, settings=tuning)
         work = serve(relay, max_seconds=options["max_seconds"], http=address)
-        loops.run(work, loop=options["loop"])
+        loops.run_relay(work, loop=options["loop"])
