@@ -83,6 +83,7 @@ from relaybox.storage.urls import DatabaseUrl
 from relaybox.tools import bench
 
 COPY_CHUNK = 100_000
+TEMPLATE_CHUNK = 1_000
 #: Waits that should take seconds; past these something is broken.
 RUNNING_TIMEOUT = 60.0
 READY_TIMEOUT = 90.0
@@ -155,8 +156,11 @@ async def fill(cfg: Config, admin: bench.PostgresAdmin, messages: int) -> dict[s
         templates = min(cfg.keys, messages)
         storage = await open_storage(cfg.db, table=cfg.table)
         try:
-            rows = workload.routing.rows(workload.message(n) for n in range(templates))
-            await storage.write(rows)
+            # In chunks: each keyed row takes its key's lock until the write commits,
+            # and one transaction holds only so many locks (max_locks_per_transaction).
+            for start in range(0, templates, TEMPLATE_CHUNK):
+                numbers = range(start, min(start + TEMPLATE_CHUNK, templates))
+                await storage.write(workload.routing.rows(workload.message(n) for n in numbers))
         finally:
             await storage.close()
         query = COPY.format(table=cfg.table)

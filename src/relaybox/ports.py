@@ -66,6 +66,9 @@ class PartitionStorage(Storage, Protocol):
     publish their rows, so it reads them without writing and settles each batch in one
     atomic step, fenced by the partitions it still holds."""
 
+    #: Whether `read(after_in_flight=True)` takes the rows behind those in flight.
+    reads_behind_in_flight: bool
+
     async def read(
         self,
         *,
@@ -74,6 +77,7 @@ class PartitionStorage(Storage, Protocol):
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
         in_flight: Sequence[StoredMessage] = (),
+        after_in_flight: bool = False,
         max_bytes: int | None = None,
         at_least_one: bool = True,
     ) -> list[StoredMessage]:
@@ -85,6 +89,11 @@ class PartitionStorage(Storage, Protocol):
         row whose (target, key) has an earlier row in flight, waiting (a delay or a
         backoff) or claimed by a row-lease relay. Keys with a waiting head never use up
         `limit` for the others, however long their backlog. Rows come in seq order.
+
+        With `after_in_flight`, a storage whose `reads_behind_in_flight` is true also
+        returns the rows that only rows in flight hold back: each key's next rows after
+        them, in order (the caller publishes them only after those ahead). The others
+        read as without it; leaving such rows out is always safe.
 
         With `max_bytes`, the rows stop before the one that would take their payloads
         together past it, and a first row larger on its own comes alone (or, without

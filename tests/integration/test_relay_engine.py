@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import sqlite3
 import time
@@ -168,16 +169,115 @@ async def test_claims_beside_full_batches_back_off_while_they_find_nothing(db: O
     assert all(order[key] == list(range(8)) for key in keys)
 
 
+async def test_a_batch_read_beside_another_publishes_a_key_only_after_it_settled(
+    db: OutboxDB,
+) -> None:
+    """Few keys, many rows each. A storage that reads behind rows in flight gives a
+    read beside a batch the next rows of that batch's keys; the relay publishes them
+    only once the batch ahead has settled the rows before them. So every key reaches
+    the broker in order, and no row goes out while an earlier row of its key is live
+    (a crash then would redeliver that earlier row after it). The other storages
+    leave the keys in flight out of such a read."""
+    keys = ["a", "b", "c"]
+    await db.write(messages(keys, per_key=40))
+    publisher = MemoryPublisher()
+    publisher.slow(0.01)
+    confirmed: dict[int, float] = {}
+    original = publisher.publish
+
+    async def timed(batch: Sequence[StoredMessage]) -> object:
+        results = await original(batch)
+        now = time.monotonic()
+        confirmed.update((m.seq, now) for m in batch if m in publisher.published)
+        return results
+
+    publisher.publish = timed  # type: ignore[method-assign]
+    relay = relay_of(db, publisher, fast_settings(batch_size=30, max_in_flight=2))
+    async with relay:
+        reads = _count_reads(relay)
+        settles = _note_settles(relay)
+        await eventually(lambda: len(publisher.published) == 120)
+        await eventually(lambda: _counts_are(db, {}))
+    order = per_key(publisher.published)
+    assert all(order[key] == list(range(40)) for key in keys), order
+    settled = settles[0].settled
+    for key in keys:
+        seqs = sorted(m.seq for m in publisher.published if m.key == key)
+        for ahead, behind in itertools.pairwise(seqs):
+            (call_ahead, at), (call_behind, _) = settled[ahead], settled[behind]
+            if call_ahead != call_behind:  # in batches of their own
+                assert confirmed[behind] >= at, (key, ahead, behind)
+    behind_in_flight = reads[0].behind_in_flight
+    if relay.processors[0]._db.claims.reads_behind_in_flight:
+        assert behind_in_flight > 0  # the relay did read past the batches in flight
+    else:
+        assert behind_in_flight == 0
+
+
+async def test_a_failure_ahead_hands_back_the_rows_read_behind_it(db: OutboxDB) -> None:
+    """k:5 fails in the first batch while the second, read beside it, holds k's later
+    rows: those are handed back untouched, and k goes on from k:5 once it is retried,
+    never past it; the other key is not held up."""
+    await db.write(messages(["k", "j"], per_key=40))
+    publisher = MemoryPublisher()
+    fault = publisher.fail(lambda m: m.key == "k" and json.loads(m.payload)["n"] == 5, times=1)
+    publisher.slow(0.01)  # faults apply in the order given: k:5 fails without the wait
+    relay = relay_of(db, publisher, fast_settings(batch_size=30, max_in_flight=2))
+    async with relay:
+        reads = _count_reads(relay)
+        await eventually(lambda: len(publisher.published) == 80)
+    assert fault.hits == 1
+    tried = [json.loads(m.payload)["n"] for m in publisher.attempts if m.key == "k"]
+    assert tried == [*range(6), *range(5, 40)], tried
+    assert per_key(publisher.published)["j"] == list(range(40))
+    if relay.processors[0]._db.claims.reads_behind_in_flight:
+        assert reads[0].behind_in_flight > 0
+
+
+async def test_rows_read_behind_a_batch_whose_settle_failed_wait_to_be_read_again(
+    db: OutboxDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first batch is published but its settle cannot be recorded: its rows stay
+    live, to be published again. The rows of its keys read behind it are handed back
+    too, not recorded published ahead of them: each key is recorded in order."""
+    import relaybox.relay.processor
+
+    monkeypatch.setattr(relaybox.relay.processor, "SETTLE_RETRY_DELAYS", (0.01,))
+    await db.write(messages(["a", "b"], per_key=40))
+    publisher = MemoryPublisher()
+    publisher.slow(0.01)
+    relay = relay_of(db, publisher, fast_settings(batch_size=30, max_in_flight=2))
+    async with relay:
+        reads = _count_reads(relay)
+        settles = _note_settles(relay, refuse=2)  # both tries of the first settle
+        await eventually(lambda: _counts_are(db, {}))
+    assert settles[0].refused == 2
+    recorded = sorted(settles[0].settled.items(), key=lambda item: item[1])
+    by_seq = {m.seq: m for m in publisher.attempts}
+    for key in ("a", "b"):
+        order = [json.loads(by_seq[seq].payload)["n"] for seq, _ in recorded
+                 if by_seq[seq].key == key]  # fmt: skip
+        assert order == list(range(40)), (key, order)
+    if relay.processors[0]._db.claims.reads_behind_in_flight:
+        assert reads[0].behind_in_flight > 0
+
+
 class _Reads(_Passthrough):
     """A claims connection that notes how many rows each read took, in order."""
 
     def __init__(self, inner: object) -> None:
         super().__init__(inner)
         self.sizes: list[int] = []
+        #: Rows read of keys that had rows in flight (behind them in their key).
+        self.behind_in_flight = 0
 
     async def read(self, **options: object) -> list[StoredMessage]:
         found: list[StoredMessage] = await self._inner.read(**options)  # type: ignore[attr-defined]
         self.sizes.append(len(found))
+        in_flight = options.get("in_flight", ())
+        assert isinstance(in_flight, Sequence)
+        busy = {(m.target, m.key) for m in in_flight if m.key is not None}
+        self.behind_in_flight += sum((m.target, m.key) in busy for m in found)
         return found
 
 
@@ -188,6 +288,39 @@ def _count_reads(relay: Relay) -> list[_Reads]:
     for processor, counted in zip(relay.processors, reads, strict=True):
         processor._db = dataclasses.replace(processor._db, claims=counted)
     return reads
+
+
+class _Settles(_Passthrough):
+    """A settles connection that notes, per row recorded published, which settle call
+    recorded it and when that call returned (time.monotonic)."""
+
+    def __init__(self, inner: object, refuse: int = 0) -> None:
+        super().__init__(inner)
+        self.settled: dict[int, tuple[int, float]] = {}
+        self._calls = 0
+        self._refuse = refuse  # fail this many settles first, as a cut connection would
+        self.refused = 0
+
+    async def settle(self, worker: str, **outcomes: object) -> object:
+        if self.refused < self._refuse:
+            self.refused += 1
+            raise StorageOperationalError("connection cut (test)")
+        settled = await self._inner.settle(worker, **outcomes)  # type: ignore[attr-defined]
+        self._calls += 1
+        now = time.monotonic()
+        published = outcomes.get("published", ())
+        assert isinstance(published, Sequence)
+        self.settled.update((seq, (self._calls, now)) for seq in published)
+        return settled
+
+
+def _note_settles(relay: Relay, refuse: int = 0) -> list[_Settles]:
+    """Note every settle of each processor of `relay` from now on (see _count_reads),
+    after refusing the first `refuse`."""
+    noted = [_Settles(p._db.settles, refuse) for p in relay.processors]
+    for processor, settles in zip(relay.processors, noted, strict=True):
+        processor._db = dataclasses.replace(processor._db, settles=settles)
+    return noted
 
 
 def _while_rows_were_left(sizes: Sequence[int]) -> list[int]:

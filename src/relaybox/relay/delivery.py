@@ -147,6 +147,24 @@ class Delivery:
                     settlement.released.extend(m.seq for m in chain[depth:])
             active = survivors
 
+    def going_on(
+        self, messages: Sequence[StoredMessage], settlement: Settlement
+    ) -> frozenset[tuple[str, str]]:
+        """The (target, key)s of `messages` whose next rows may follow once `settlement`
+        is recorded: each of their rows here published, or abandoned where that is final
+        (not held, see the module's docstring)."""
+        final = set(settlement.published)
+        if not self._hold_keys:
+            final.update(failure.seq for failure in settlement.abandoned)
+        keys, stopped = set(), set()
+        for message in messages:
+            if message.key is not None:
+                key = (message.target, message.key)
+                keys.add(key)
+                if message.seq not in final:
+                    stopped.add(key)
+        return frozenset(keys - stopped)
+
     def _settle_one(self, message: StoredMessage, result: PublishResult, out: Settlement) -> bool:
         """Record one outcome; True if the rest of the message's chain may go on."""
         if result.outcome is Outcome.ACKED:

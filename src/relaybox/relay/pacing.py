@@ -12,6 +12,9 @@ again until a batch settles. Three facts steer it:
   A claim that was not full means the backlog is gone, and resets what follows.
 - *futile*: claims beside full batches came back empty, this many times in a row; the
   next claim beside one waits for 1, 2, 4 ... 32 batches to settle (`hold`).
+
+A relay whose reads take the rows behind those in flight (`follows`) finds the keys'
+next rows beside the batch that holds their heads: *deep* does not hold it back.
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ class ClaimPacing:
     deep: bool = False
     full: bool = False
     futile: int = 0
+    #: Reads take the rows queued behind those in flight in their key.
+    follows: bool = False
     #: Batches that must settle before the next claim beside one in flight.
     hold: int = 0
 
     def wait_for_a_settle(self, in_flight: bool) -> bool:
         """Whether the next claim should wait until a batch in flight has settled."""
-        return in_flight and (self.deep or self.hold > 0)
+        return in_flight and ((self.deep and not self.follows) or self.hold > 0)
 
     def beside(self, in_flight: bool) -> bool:
         """Whether a claim now runs beside a full batch in flight."""

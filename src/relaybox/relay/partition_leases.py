@@ -4,18 +4,29 @@ Keys are spread over partitions, and the live relay processes of a table share t
 partitions by leases that their heartbeats renew. A relay alone may publish the rows of
 the partitions it holds, so it needs no lease on each row: a claim is a read that
 writes nothing (`PartitionStorage.read`), the rows stay pending in the table while the
-relay keeps them in memory as in flight (skipping them and their keys in the next read),
-and one atomic step settles each batch, fenced by the partitions the relay still holds.
+relay keeps them in memory as in flight (skipping them in the next read), and one
+atomic step settles each batch, fenced by the partitions the relay still holds.
 No publish outlives the partition lease as last renewed. Partitions it must give back
 drain first (no new reads there), so the next owner never publishes a row a second time.
 A per-row lease would write every row twice; a read that writes nothing lets the relay
 drain near the rate of a bare claim-and-delete loop (docs/benchmarks.md).
+
+A read beside batches in flight may take the rows queued behind theirs in the same key
+(where the storage reads them: `PartitionStorage.reads_behind_in_flight`), so a relay
+whose keys are fewer than two batches still keeps two batches going. Such a batch
+publishes a key's rows only once every earlier batch holding that key has settled it,
+each of its rows recorded published (or abandoned, where that lets the key go on): if
+one failed, was handed back, or could not be recorded, the rows behind it are handed
+back untouched and wait in the table behind it. So the broker never gets a key's row
+before the one ahead of it is confirmed, and no row is recorded published while an
+earlier row of its key is still live: a redelivery after a crash comes in key order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -55,6 +66,12 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         #: for none (not yet held).
         self._scope: dict[str, list[int] | None] = {}
         self._flight = _InFlightRows()
+        #: The batches in flight when the last read was sent (see `_launched`).
+        self._read_beside: list[_Batch] = []
+        #: Batches in flight when a batch left a key's rows in the table (see `_claim`).
+        self._unfollowed: set[_Batch] = set()
+        if self._db.claims.reads_behind_in_flight:
+            self._pacing.follows = True
         #: Which set of partitions reads first in the next claim (see `_claim`).
         self._first_group = 0
         #: Until when (time.monotonic) the partitions are surely ours: the start of the
@@ -123,7 +140,14 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         if not groups:
             return None  # nothing is ours to read (yet)
         settings = self._settings
-        in_flight = self._flight.messages()
+        beside = self._read_beside = self._flight.batches()
+        in_flight = [m for batch in beside for m in batch.messages]
+        # Rows in flight are the earliest live rows of their keys, and a read may take
+        # what follows them, unless a batch left rows of its keys in the table (failed,
+        # handed back, not recorded) while later rows of those keys may be in flight:
+        # then reads leave out every key in flight until those batches have settled.
+        self._unfollowed.intersection_update(beside)
+        follow = not self._unfollowed and not any(batch.left_rows for batch in beside)
         messages: list[StoredMessage] = []
         budget = settings.max_claim_bytes
         order = list(groups.items())
@@ -135,6 +159,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
                 targets=group,
                 partition_count=settings.partitions,
                 in_flight=in_flight,
+                after_in_flight=follow,
                 max_bytes=budget,
                 at_least_one=not messages,
             )
@@ -151,7 +176,12 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         return Claim("", self.worker, messages)
 
     def _launched(self, claim: Claim) -> None:
-        self._flight.add(claim.messages)
+        # What the read was given as in flight, not what is in flight now: a batch that
+        # settled meanwhile may have handed back rows that this one's rows follow.
+        keys = frozenset((m.target, m.key) for m in claim.messages if m.key is not None)
+        ahead = [batch for batch in self._read_beside if not keys.isdisjoint(batch.keys)]
+        self._read_beside = []
+        self._flight.add(_Batch(claim.messages, keys, ahead))
 
     def _finished(self, claim: Claim) -> None:
         self._flight.remove(claim.messages)
@@ -171,27 +201,56 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         lease as last renewed: once it may have run out, another relay may own them.
         Cancelled (stop()), it settles what the brokers confirmed, unless cancelled
         again meanwhile."""
+        batch = self._flight.batch_of(claim.messages)
         settlement = Settlement()
         loop = asyncio.get_running_loop()
+        going_on: frozenset[tuple[str, str]] = frozenset()
         try:
-            async with asyncio.timeout_at(self._guard_at(loop, self._guard_margin())) as guard:
-                self._guards.add(guard)
-                try:
-                    await self._delivery.run(
-                        claim.messages, settlement, lambda: time.monotonic() < self._held_until
-                    )
-                finally:
-                    self._guards.discard(guard)
-        except TimeoutError:
-            self.metrics.leases_lost += 1
-            logger.warning(
-                "partition lease ran out while publishing; the rest is left to the next owner",
-                extra={"action": "lease_lost"},
-            )
-        except asyncio.CancelledError:
-            await self._settle(settlement)
-            raise
-        await self._settle(settlement)
+            try:
+                at = self._guard_at(loop, self._guard_margin())
+                async with asyncio.timeout_at(at) as guard:
+                    self._guards.add(guard)
+                    try:
+                        messages = await self._after_those_ahead(batch, settlement)
+                        await self._delivery.run(
+                            messages, settlement, lambda: time.monotonic() < self._held_until
+                        )
+                    finally:
+                        self._guards.discard(guard)
+            except TimeoutError:
+                self.metrics.leases_lost += 1
+                logger.warning(
+                    "partition lease ran out while publishing; the rest is left to the next owner",
+                    extra={"action": "lease_lost"},
+                )
+            except asyncio.CancelledError:
+                await self._settle(settlement)
+                raise
+            if await self._settle(settlement):
+                going_on = self._delivery.going_on(batch.messages, settlement)
+        finally:
+            batch.finish(going_on)
+            if batch.left_rows:
+                self._unfollowed.update(b for b in self._flight.batches() if b is not batch)
+
+    @staticmethod
+    async def _after_those_ahead(batch: _Batch, settlement: Settlement) -> Sequence[StoredMessage]:
+        """Wait until the batches ahead of `batch` holding its keys have settled; the
+        rows of keys that may not go on after them are handed back (`released`)."""
+        if not batch.ahead:
+            return batch.messages
+        for earlier in batch.ahead:
+            await earlier.settled.wait()
+        stopped = {key for earlier in batch.ahead for key in earlier.keys - earlier.going_on}
+        if stopped.isdisjoint(batch.keys):
+            return batch.messages
+        messages = []
+        for message in batch.messages:
+            if message.key is not None and (message.target, message.key) in stopped:
+                settlement.released.append(message.seq)
+            else:
+                messages.append(message)
+        return messages
 
     def _guard_margin(self) -> float:
         return min(1.0, self._settings.partition_lease_seconds / 10)
@@ -207,11 +266,13 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         for guard in self._guards:
             guard.reschedule(when)
 
-    async def _settle(self, settlement: Settlement) -> None:
+    async def _settle(self, settlement: Settlement) -> bool:
         """Record a batch's outcomes in one atomic step (so nothing is recorded half: if
         it cannot be recorded at all, its rows are simply read again, in order). Rows
-        neither published nor failed (released) stay pending as they are."""
+        neither published nor failed (released) stay pending as they are. True if every
+        row published or abandoned was recorded so (none fenced off, no failure)."""
         metrics, settings = self.metrics, self._settings
+        recorded = True
         if settlement.published or settlement.failed or settlement.abandoned:
             settled = await self._with_retries(
                 "batch",
@@ -226,11 +287,16 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
                 ),
             )
             if settled is None:
-                return
+                return False
             metrics.published += settled.published
             metrics.failed += settled.failed
             metrics.abandoned += settled.abandoned
+            recorded = (settled.published, settled.abandoned) == (
+                len(settlement.published),
+                len(settlement.abandoned),
+            )
         metrics.released += len(settlement.released)
+        return recorded
 
     # -- partitions ------------------------------------------------------------------
 
@@ -377,25 +443,52 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
             )  # fmt: skip
 
 
+@dataclasses.dataclass(eq=False)
+class _Batch:
+    """A batch in flight: its rows, their keys, the earlier batches holding some of
+    those keys, and, once settled, the keys whose next rows may follow."""
+
+    messages: Sequence[StoredMessage]
+    keys: frozenset[tuple[str, str]]
+    ahead: list[_Batch]
+    #: The keys all of whose rows here were recorded published, or abandoned where
+    #: that lets the key go on (set when `settled` is).
+    going_on: frozenset[tuple[str, str]] = frozenset()
+    settled: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    @property
+    def left_rows(self) -> bool:
+        """Settled, with rows of some key left in the table (or not recorded)."""
+        return self.settled.is_set() and not self.going_on >= self.keys
+
+    def finish(self, going_on: frozenset[tuple[str, str]]) -> None:
+        self.going_on = going_on
+        self.ahead = []  # what is behind waits on this batch alone, not on its chain
+        self.settled.set()
+
+
 class _InFlightRows:
-    """The rows this relay has read and not yet settled."""
+    """The batches this relay has read and not yet settled."""
 
     def __init__(self) -> None:
-        self._batches: list[Sequence[StoredMessage]] = []
+        self._batches: list[_Batch] = []
 
-    def add(self, messages: Sequence[StoredMessage]) -> None:
-        self._batches.append(messages)
+    def add(self, batch: _Batch) -> None:
+        self._batches.append(batch)
 
     def remove(self, messages: Sequence[StoredMessage]) -> None:
-        self._batches = [batch for batch in self._batches if batch is not messages]
+        self._batches = [batch for batch in self._batches if batch.messages is not messages]
 
-    def messages(self) -> list[StoredMessage]:
-        return [m for batch in self._batches for m in batch]
+    def batch_of(self, messages: Sequence[StoredMessage]) -> _Batch:
+        return next(batch for batch in self._batches if batch.messages is messages)
+
+    def batches(self) -> list[_Batch]:
+        return list(self._batches)
 
     def targets(self) -> frozenset[str]:
-        return frozenset(m.target for batch in self._batches for m in batch)
+        return frozenset(m.target for batch in self._batches for m in batch.messages)
 
     def partitions(self, target: str) -> frozenset[int]:
         """The partitions of `target` with rows in flight."""
-        return frozenset(m.partition for batch in self._batches for m in batch
+        return frozenset(m.partition for batch in self._batches for m in batch.messages
                          if m.target == target)  # fmt: skip

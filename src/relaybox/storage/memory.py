@@ -172,6 +172,7 @@ class MemoryStorage:
     """The outbox table in process memory; `clock` gives epoch seconds (default time.time)."""
 
     dialect = "memory"
+    reads_behind_in_flight = True
 
     def __init__(self, table: str = DEFAULT_TABLE, *, clock: Clock = time.time) -> None:
         self.table = validate_table_name(table)
@@ -249,6 +250,7 @@ class MemoryStorage:
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
         in_flight: Sequence[StoredMessage] = (),
+        after_in_flight: bool = False,
         max_bytes: int | None = None,
         at_least_one: bool = True,
     ) -> list[StoredMessage]:
@@ -263,11 +265,15 @@ class MemoryStorage:
         taken: list[StoredMessage] = []
         with self._lock:
             now = self._clock()
-            stopped = {
-                (r.target, r.key)
-                for r in (self._rows.get(seq) for seq in busy)
-                if r is not None and r.key is not None
-            }
+            stopped = (
+                set()
+                if after_in_flight
+                else {
+                    (r.target, r.key)
+                    for r in (self._rows.get(seq) for seq in busy)
+                    if r is not None and r.key is not None
+                }
+            )
             for row in self._rows.values():
                 if len(taken) >= limit:
                     break

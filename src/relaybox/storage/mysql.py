@@ -319,6 +319,7 @@ class MySQLStorage(SqlStorage):
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
         in_flight: Sequence[StoredMessage] = (),
+        after_in_flight: bool = False,
         max_bytes: int | None = None,
         at_least_one: bool = True,
     ) -> list[StoredMessage]:

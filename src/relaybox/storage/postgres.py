@@ -224,6 +224,7 @@ class PostgresStorage(SqlStorage):
     _COUNTED = frozenset({"abandon_owned", "abandon"})
     _ONE_STATEMENT_CHANGES = True
     _KEY_TARGETS = True
+    reads_behind_in_flight = True
     _SEARCH_SCOPE = "search_scope"
     dialect = "postgresql"
     label = "PostgreSQL"
@@ -312,10 +313,19 @@ class PostgresStorage(SqlStorage):
         targets: Sequence[str] | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
         in_flight: Sequence[StoredMessage] = (),
+        after_in_flight: bool = False,
         max_bytes: int | None = None,
         at_least_one: bool = True,
     ) -> list[StoredMessage]:
-        keys = json.dumps([f"{m.target}\x1f{m.key}" for m in in_flight if m.key is not None])
+        # Behind rows in flight: those rows alone are left out, by seq; the window holds
+        # every live row of a key up to the ones it returns, so what follows a key's
+        # rows in flight there is the key's next in order. read_past still leaves out
+        # a key whose head is in flight (its seq is in the list).
+        keys = (
+            "[]"
+            if after_in_flight
+            else json.dumps([f"{m.target}\x1f{m.key}" for m in in_flight if m.key is not None])
+        )
         window = 2 * limit + len(in_flight)  # live rows the read looks at
         found = await self._fetch(
             "read", limit, _list(partitions), require_partitions(partition_count),

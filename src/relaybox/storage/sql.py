@@ -221,6 +221,9 @@ class SqlStorage(abc.ABC):
     #: Statements that change rows and answer how many in one row of their own, as a
     #: statement whose count would cover only part of what it changed does.
     _COUNTED: ClassVar[frozenset[str]] = frozenset()
+    #: See `PartitionStorage.reads_behind_in_flight`; the reads of MySQL and SQLite
+    #: leave out every row of a key in flight.
+    reads_behind_in_flight: ClassVar[bool] = False
 
     def __init__(self, url: DatabaseUrl, *, table: str = DEFAULT_TABLE) -> None:
         self.table = table
