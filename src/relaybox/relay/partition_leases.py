@@ -211,10 +211,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
                 async with asyncio.timeout_at(at) as guard:
                     self._guards.add(guard)
                     try:
-                        messages = await self._after_those_ahead(batch, settlement)
-                        await self._delivery.run(
-                            messages, settlement, lambda: time.monotonic() < self._held_until
-                        )
+                        await self._publish(batch, settlement)
                     finally:
                         self._guards.discard(guard)
             except TimeoutError:
@@ -233,24 +230,39 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
             if batch.left_rows:
                 self._unfollowed.update(b for b in self._flight.batches() if b is not batch)
 
-    @staticmethod
-    async def _after_those_ahead(batch: _Batch, settlement: Settlement) -> Sequence[StoredMessage]:
-        """Wait until the batches ahead of `batch` holding its keys have settled; the
-        rows of keys that may not go on after them are handed back (`released`)."""
+    async def _publish(self, batch: _Batch, settlement: Settlement) -> None:
+        """Publish `batch`: first the rows of keys no batch ahead of it holds, then,
+        once those batches have settled, the rows behind theirs; the rows of keys that
+        may not go on after them are handed back (`released`)."""
+
+        def ours() -> bool:
+            return time.monotonic() < self._held_until
+
         if not batch.ahead:
-            return batch.messages
+            await self._delivery.run(batch.messages, settlement, ours)
+            return
+        shared = batch.keys & frozenset().union(*(earlier.keys for earlier in batch.ahead))
+        first, behind = [], []
+        for message in batch.messages:
+            if message.key is not None and (message.target, message.key) in shared:
+                behind.append(message)
+            else:
+                first.append(message)
+        if first:
+            await self._delivery.run(first, settlement, ours)
         for earlier in batch.ahead:
             await earlier.settled.wait()
         stopped = {key for earlier in batch.ahead for key in earlier.keys - earlier.going_on}
-        if stopped.isdisjoint(batch.keys):
-            return batch.messages
-        messages = []
-        for message in batch.messages:
-            if message.key is not None and (message.target, message.key) in stopped:
-                settlement.released.append(message.seq)
-            else:
-                messages.append(message)
-        return messages
+        if not stopped.isdisjoint(shared):
+            going = []
+            for message in behind:
+                if (message.target, message.key) in stopped:
+                    settlement.released.append(message.seq)
+                else:
+                    going.append(message)
+            behind = going
+        if behind:
+            await self._delivery.run(behind, settlement, ours)
 
     def _guard_margin(self) -> float:
         return min(1.0, self._settings.partition_lease_seconds / 10)
