@@ -618,6 +618,45 @@ async def test_a_read_skips_what_is_in_flight_and_holds_back_its_keys(backend: B
     assert [m.key for m in again] == ["k1", "k1", "k2", "k1"]
 
 
+async def test_a_read_after_in_flight_takes_the_rows_behind_them_in_order(
+    backend: Backend,
+) -> None:
+    """Where the storage reads behind rows in flight, each key's next rows come after
+    them, in order; the others read as without it. Either way nothing in flight comes
+    back, and no row comes back whose earlier row of its key is live and not in flight."""
+    await write(backend, msg("k1"), msg("k1"), msg("k2"), msg("k1"), msg(None))
+    first = await backend.storage.read(limit=2)
+    assert [m.key for m in first] == ["k1", "k1"]
+    behind = await backend.storage.read(limit=10, in_flight=first, after_in_flight=True)
+    if backend.storage.reads_behind_in_flight:
+        assert [m.key for m in behind] == ["k2", "k1", None]
+    else:
+        assert [m.key for m in behind] == ["k2", None]
+    assert [m.seq for m in behind] == sorted(m.seq for m in behind)
+    assert not {m.seq for m in behind} & {m.seq for m in first}
+    # Only a later row of k1 in flight, its head not: k1 stays back whatever is asked.
+    later = await backend.storage.read(limit=10, in_flight=first[1:], after_in_flight=False)
+    assert [m.key for m in later] == ["k2", None]
+
+
+async def test_rows_read_past_the_window_stop_before_a_row_in_flight(backend: Backend) -> None:
+    """A key whose head is live while a later row of it is in flight (a relay that
+    reads behind rows in flight handed the head back while the later row is out): a
+    read past a window that other keys filled takes the head's run only up to that
+    row, never the row itself or what follows it."""
+    await hold_everything(backend)
+    await write(backend, *[msg("busy") for _ in range(40)])
+    await write(backend, *[msg("k") for _ in range(8)])
+    rows = await backend.storage.read(limit=100)
+    busy_head = rows[0]
+    ks = [m for m in rows if m.key == "k"]
+    out = [busy_head, ks[5]]  # a later row of k is in flight, its head is not
+    found = await backend.storage.read(limit=10, in_flight=out)
+    taken = [m.seq for m in found if m.key == "k"]
+    assert all(seq < ks[5].seq for seq in taken), (taken, ks[5].seq)
+    assert not {m.seq for m in found} & {m.seq for m in out}
+
+
 async def test_a_key_in_flight_to_one_target_holds_back_that_target_only(
     backend: Backend,
 ) -> None:

@@ -263,6 +263,45 @@ async def test_rows_read_behind_a_batch_whose_settle_failed_wait_to_be_read_agai
         assert reads[0].behind_in_flight > 0
 
 
+async def test_a_batch_handed_back_at_once_does_not_keep_the_rows_behind_it_going_round(
+    db: OutboxDB,
+) -> None:
+    """One key, full batches. The broker is unreachable for the first message, so the
+    first batch hands back all its rows without a statement to the database, at once;
+    the batch read beside it holds the rows behind them and hands them back too. The
+    reads that follow must not go on reading behind such batches (each batch would hand
+    back the next, nothing published): once the broker answers, the key goes out, in
+    order. Each read yields, as a database's does."""
+    await db.write(messages(["k"], per_key=100))
+    publisher = MemoryPublisher()
+    down = publisher.down(times=1)
+    relay = relay_of(db, publisher, fast_settings(batch_size=30, max_in_flight=2))
+    async with relay:
+        _slow_reads(relay, 0.005)
+        await eventually(lambda: len(publisher.published) == 100)
+    assert down.hits == 1
+    assert per_key(publisher.published)["k"] == list(range(100))
+
+
+class _SlowReads(_Passthrough):
+    """A claims connection whose reads take `seconds` before they start."""
+
+    def __init__(self, inner: object, seconds: float) -> None:
+        super().__init__(inner)
+        self._seconds = seconds
+
+    async def read(self, **options: object) -> list[StoredMessage]:
+        await asyncio.sleep(self._seconds)
+        found: list[StoredMessage] = await self._inner.read(**options)  # type: ignore[attr-defined]
+        return found
+
+
+def _slow_reads(relay: Relay, seconds: float) -> None:
+    for processor in relay.processors:
+        slow = _SlowReads(processor._db.claims, seconds)
+        processor._db = dataclasses.replace(processor._db, claims=slow)
+
+
 class _Reads(_Passthrough):
     """A claims connection that notes how many rows each read took, in order."""
 

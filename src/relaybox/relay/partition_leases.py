@@ -70,8 +70,8 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         self._read_beside: list[_Batch] = []
         #: Batches in flight when a batch left a key's rows in the table (see `_claim`).
         self._unfollowed: set[_Batch] = set()
-        if self._db.claims.reads_behind_in_flight:
-            self._pacing.follows = True
+        self._reads_behind = bool(self._db.claims.reads_behind_in_flight)
+        self._pacing.follows = self._reads_behind
         #: Which set of partitions reads first in the next claim (see `_claim`).
         self._first_group = 0
         #: Until when (time.monotonic) the partitions are surely ours: the start of the
@@ -147,7 +147,9 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         # handed back, not recorded) while later rows of those keys may be in flight:
         # then reads leave out every key in flight until those batches have settled.
         self._unfollowed.intersection_update(beside)
-        follow = not self._unfollowed and not any(batch.left_rows for batch in beside)
+        follow = self._reads_behind and not self._unfollowed
+        follow = follow and not any(batch.left_rows for batch in beside)
+        self._pacing.follows = follow  # else a read beside a deep batch finds nothing
         messages: list[StoredMessage] = []
         budget = settings.max_claim_bytes
         order = list(groups.items())
@@ -180,8 +182,13 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         # settled meanwhile may have handed back rows that this one's rows follow.
         keys = frozenset((m.target, m.key) for m in claim.messages if m.key is not None)
         ahead = [batch for batch in self._read_beside if not keys.isdisjoint(batch.keys)]
+        batch = _Batch(claim.messages, keys, ahead)
+        # A batch read beside one that has since left rows in the table may hold rows
+        # behind them (which it hands back): no read follows it either.
+        if any(b.left_rows or b in self._unfollowed for b in self._read_beside):
+            self._unfollowed.add(batch)
         self._read_beside = []
-        self._flight.add(_Batch(claim.messages, keys, ahead))
+        self._flight.add(batch)
 
     def _finished(self, claim: Claim) -> None:
         self._flight.remove(claim.messages)

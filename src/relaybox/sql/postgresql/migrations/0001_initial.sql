@@ -321,9 +321,10 @@ $$;
 -- statement (queries.sql, `read`) over a window of its due rows; when the window gives
 -- fewer than p_limit rows and was full (the relay's in-flight rows and the keys they
 -- hold, or waiting keys, filled it), this finds the rows past it as the claim above
--- does: the heads of keys and keyless rows past the window, each head with its run, up
--- to p_room rows, in seq order. p_window is the window's size (2 x limit + rows in
--- flight). Last, the byte budget, as the claim above cuts its rows past the window
+-- does: the heads of keys and keyless rows past the window, each head with its run
+-- (which stops before a row in flight: a relay that reads behind rows in flight may
+-- have handed back a key's head while later rows of it are still out), up to p_room
+-- rows, in seq order. p_window is the window's size (2 x limit + rows in flight). Last, the byte budget, as the claim above cuts its rows past the window
 -- (p_max_bytes, p_alone). It writes nothing.
 CREATE OR REPLACE FUNCTION {prefix}_read_past(
     p_room integer, p_partitions integer[], p_count integer, p_targets text[],
@@ -411,6 +412,7 @@ BEGIN
                 SELECT k.seq, octet_length(k.payload) AS size,
                     bool_and(k.status <> 'processing'
                              AND k.available_at <= now()
+                             AND NOT k.seq = ANY(p_busy)
                              AND k.partition % p_count = ANY(coalesce(
                                  p_partitions, ARRAY[k.partition % p_count])))
                     OVER (ORDER BY k.seq) AS ok
