@@ -147,23 +147,19 @@ class Delivery:
                     settlement.released.extend(m.seq for m in chain[depth:])
             active = survivors
 
-    def going_on(
+    def held_back(
         self, messages: Sequence[StoredMessage], settlement: Settlement
     ) -> frozenset[tuple[str, str]]:
-        """The (target, key)s of `messages` whose next rows may follow once `settlement`
-        is recorded: each of their rows here published, or abandoned where that is final
-        (not held, see the module's docstring)."""
+        """The (target, key)s of `messages` whose next rows may not follow once
+        `settlement` is recorded: a row of theirs here was not published, nor abandoned
+        where that is final (a held one keeps its key waiting, see the module's
+        docstring)."""
         final = set(settlement.published)
         if not self._hold_keys:
             final.update(failure.seq for failure in settlement.abandoned)
-        keys, stopped = set(), set()
-        for message in messages:
-            if message.key is not None:
-                key = (message.target, message.key)
-                keys.add(key)
-                if message.seq not in final:
-                    stopped.add(key)
-        return frozenset(keys - stopped)
+        return frozenset(
+            (m.target, m.key) for m in messages if m.key is not None and m.seq not in final
+        )
 
     def _settle_one(self, message: StoredMessage, result: PublishResult, out: Settlement) -> bool:
         """Record one outcome; True if the rest of the message's chain may go on."""

@@ -68,7 +68,8 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         self._flight = _InFlightRows()
         #: The batches in flight when the last read was sent (see `_launched`).
         self._read_beside: list[_Batch] = []
-        #: Batches in flight when a batch left a key's rows in the table (see `_claim`).
+        #: Batches that left rows of a key in the table, or may hold rows behind such
+        #: rows, while they are in flight (see `_claim`).
         self._unfollowed: set[_Batch] = set()
         self._reads_behind = bool(self._db.claims.reads_behind_in_flight)
         self._pacing.follows = self._reads_behind
@@ -148,7 +149,6 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         # then reads leave out every key in flight until those batches have settled.
         self._unfollowed.intersection_update(beside)
         follow = self._reads_behind and not self._unfollowed
-        follow = follow and not any(batch.left_rows for batch in beside)
         self._pacing.follows = follow  # else a read beside a deep batch finds nothing
         messages: list[StoredMessage] = []
         budget = settings.max_claim_bytes
@@ -185,7 +185,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         batch = _Batch(claim.messages, keys, ahead)
         # A batch read beside one that has since left rows in the table may hold rows
         # behind them (which it hands back): no read follows it either.
-        if any(b.left_rows or b in self._unfollowed for b in self._read_beside):
+        if not self._unfollowed.isdisjoint(self._read_beside):
             self._unfollowed.add(batch)
         self._read_beside = []
         self._flight.add(batch)
@@ -211,7 +211,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         batch = self._flight.batch_of(claim.messages)
         settlement = Settlement()
         loop = asyncio.get_running_loop()
-        going_on: frozenset[tuple[str, str]] = frozenset()
+        held_back = batch.keys  # unless its settle is recorded in full
         try:
             try:
                 at = self._guard_at(loop, self._guard_margin())
@@ -231,11 +231,11 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
                 await self._settle(settlement)
                 raise
             if await self._settle(settlement):
-                going_on = self._delivery.going_on(batch.messages, settlement)
+                held_back = self._delivery.held_back(batch.messages, settlement)
         finally:
-            batch.finish(going_on)
-            if batch.left_rows:
-                self._unfollowed.update(b for b in self._flight.batches() if b is not batch)
+            batch.finish(held_back)
+            if held_back:  # this batch and every one in flight beside it
+                self._unfollowed.update(self._flight.batches())
 
     async def _publish(self, batch: _Batch, settlement: Settlement) -> None:
         """Publish `batch`: first the rows of keys no batch ahead of it holds, then,
@@ -259,15 +259,9 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
             await self._delivery.run(first, settlement, ours)
         for earlier in batch.ahead:
             await earlier.settled.wait()
-        stopped = {key for earlier in batch.ahead for key in earlier.keys - earlier.going_on}
-        if not stopped.isdisjoint(shared):
-            going = []
-            for message in behind:
-                if (message.target, message.key) in stopped:
-                    settlement.released.append(message.seq)
-                else:
-                    going.append(message)
-            behind = going
+        if stopped := shared & frozenset().union(*(b.held_back for b in batch.ahead)):
+            settlement.released.extend(m.seq for m in behind if (m.target, m.key) in stopped)
+            behind = [m for m in behind if (m.target, m.key) not in stopped]
         if behind:
             await self._delivery.run(behind, settlement, ours)
 
@@ -470,18 +464,13 @@ class _Batch:
     messages: Sequence[StoredMessage]
     keys: frozenset[tuple[str, str]]
     ahead: list[_Batch]
-    #: The keys all of whose rows here were recorded published, or abandoned where
-    #: that lets the key go on (set when `settled` is).
-    going_on: frozenset[tuple[str, str]] = frozenset()
+    #: The keys with a row here not recorded published (or abandoned where that lets
+    #: the key go on): their rows behind may not follow (set when `settled` is).
+    held_back: frozenset[tuple[str, str]] = frozenset()
     settled: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
-    @property
-    def left_rows(self) -> bool:
-        """Settled, with rows of some key left in the table (or not recorded)."""
-        return self.settled.is_set() and not self.going_on >= self.keys
-
-    def finish(self, going_on: frozenset[tuple[str, str]]) -> None:
-        self.going_on = going_on
+    def finish(self, held_back: frozenset[tuple[str, str]]) -> None:
+        self.held_back = held_back
         self.ahead = []  # what is behind waits on this batch alone, not on its chain
         self.settled.set()
 

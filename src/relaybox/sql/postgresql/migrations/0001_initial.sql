@@ -324,8 +324,9 @@ $$;
 -- does: the heads of keys and keyless rows past the window, each head with its run
 -- (which stops before a row in flight: a relay that reads behind rows in flight may
 -- have handed back a key's head while later rows of it are still out), up to p_room
--- rows, in seq order. p_window is the window's size (2 x limit + rows in flight). Last, the byte budget, as the claim above cuts its rows past the window
--- (p_max_bytes, p_alone). It writes nothing.
+-- rows, in seq order. p_window is the window's size (2 x limit + rows in flight).
+-- Last, the byte budget, as the claim above cuts its rows past the window (p_max_bytes,
+-- p_alone). It writes nothing.
 CREATE OR REPLACE FUNCTION {prefix}_read_past(
     p_room integer, p_partitions integer[], p_count integer, p_targets text[],
     p_busy bigint[], p_window integer, p_max_bytes bigint, p_alone boolean)
