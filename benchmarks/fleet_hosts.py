@@ -251,7 +251,7 @@ async def fill(args: argparse.Namespace, server: Server, table: str, messages: i
 
     options = bench.BenchOptions(
         db=server.url, broker="noop://", messages=messages, batch_size=args.batch_size,
-        max_in_flight=2, rate=1.0, paced_seconds=0.0, idle_seconds=0.0, keys=args.keys,
+        max_in_flight=None, rate=1.0, paced_seconds=0.0, idle_seconds=0.0, keys=args.keys,
         payload_bytes=args.payload_bytes, skip_raw=True, table=table,
     )  # fmt: skip
     started = time.perf_counter()

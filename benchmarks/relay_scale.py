@@ -127,7 +127,7 @@ class Config:
         """What `relaybox bench`'s helpers (workload, raw loop) read."""
         return bench.BenchOptions(
             db=self.db, broker="noop://", messages=messages, batch_size=self.batch_size,
-            max_in_flight=2, rate=1.0, paced_seconds=0.0, idle_seconds=0.0, keys=self.keys,
+            max_in_flight=None, rate=1.0, paced_seconds=0.0, idle_seconds=0.0, keys=self.keys,
             payload_bytes=self.payload_bytes, skip_raw=False, table=self.table,
         )  # fmt: skip
 

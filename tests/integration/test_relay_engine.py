@@ -19,6 +19,7 @@ import pytest
 from relaybox import Outbox
 from relaybox.core.circuit import CircuitPolicy, CircuitState
 from relaybox.core.lifecycle import Status
+from relaybox.core.publishing import PublishResult
 from relaybox.core.records import Failure, StoredMessage
 from relaybox.core.retry import RetryPolicy
 from relaybox.errors import StorageOperationalError
@@ -124,6 +125,45 @@ async def test_a_failing_key_holds_back_only_itself_then_recovers_in_order(
     first_bad = min(i for i, m in enumerate(publisher.published) if m.key == "bad")
     assert first_bad > 0
     assert last_good < len(publisher.published) - 1
+
+
+class _HeldCalls(MemoryPublisher):
+    """Publishes nothing until released; counts its calls waiting at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = 0
+        self.most = 0
+        self.release = asyncio.Event()
+
+    async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
+        self.waiting += 1
+        self.most = max(self.most, self.waiting)
+        try:
+            await self.release.wait()
+        finally:
+            self.waiting -= 1
+        return await super().publish(messages)
+
+
+async def test_by_default_three_batches_go_in_flight_where_reads_go_behind_them(
+    db: OutboxDB,
+) -> None:
+    """Unset, max_in_flight follows the database: 3 where a read takes the rows behind
+    batches in flight (PostgreSQL, the in-memory storage), 2 on MySQL and SQLite."""
+    await db.write(messages([f"k{i}" for i in range(40)], per_key=1))
+    publisher = _HeldCalls()
+    settings = fast_settings(batch_size=5)
+    assert settings.max_in_flight is None
+    expected = 3 if db.name in ("postgresql", "memory") else 2
+    async with relay_of(db, publisher, settings) as relay:
+        await eventually(lambda: publisher.waiting == expected)
+        await asyncio.sleep(0.2)  # room for a claim the limit should not let in
+        assert publisher.most == expected
+        assert relay.processors[0].max_in_flight == expected
+        publisher.release.set()
+        await eventually(lambda: len(publisher.published) == 40)
+    assert publisher.most == expected
 
 
 async def test_no_claim_walks_a_deep_backlog_while_its_keys_are_in_flight(db: OutboxDB) -> None:

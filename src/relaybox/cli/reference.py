@@ -85,6 +85,8 @@ def _default(option: click.Option) -> str:
     value = option.default
     if option.is_flag:
         return "on" if value is True else "off"
+    if isinstance(option.show_default, str):  # a default that depends, said in words
+        return option.show_default
     if value is None or option.multiple:
         return ""
     return f"`{value}`" if isinstance(value, str) else str(value)

@@ -188,7 +188,8 @@ _CIRCUIT = _DEFAULTS.circuit
     help="Rows per read; one statement settles them.",
 )  # fmt: skip
 @click.option(
-    "--max-in-flight", default=_DEFAULTS.max_in_flight, show_default=True,
+    "--max-in-flight", type=click.IntRange(min=1), default=_DEFAULTS.max_in_flight,
+    show_default="3 on PostgreSQL, 2 on MySQL and SQLite",
     help="Batches being published at once.",
 )  # fmt: skip
 @click.option(
@@ -332,7 +333,7 @@ _CIRCUIT = _DEFAULTS.circuit
 def relay(
     databases: tuple[str, ...], db_files: tuple[str, ...], brokers: tuple[str, ...],
     broker_files: tuple[str, ...], table: str, mode: str, batch_size: int,
-    max_in_flight: int, lease_seconds: float, publish_timeout: float, partitions: int,
+    max_in_flight: int | None, lease_seconds: float, publish_timeout: float, partitions: int,
     no_partition_leases: bool, retry_base: float, retry_max: float, retry_jitter: float,
     max_attempts: int, circuit_threshold: int, circuit_open: float, circuit_max_open: float,
     idle_interval: float, fast_poll_window: float, fast_poll_interval: float, no_listen: bool,

@@ -13,7 +13,7 @@ drain near the rate of a bare claim-and-delete loop (docs/benchmarks.md).
 
 A read beside batches in flight may take the rows queued behind theirs in the same key
 (where the storage reads them: `PartitionStorage.reads_behind_in_flight`), so a relay
-whose keys are fewer than two batches still keeps two batches going. Such a batch
+whose keys are fewer than a batch still keeps every batch it may going. Such a batch
 publishes a key's rows only once every earlier batch holding that key has settled it,
 each of its rows recorded published (or abandoned, where that lets the key go on): if
 one failed, was handed back, or could not be recorded, the rows behind it are handed
@@ -71,7 +71,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         #: Batches that left rows of a key in the table, or may hold rows behind such
         #: rows, while they are in flight (see `_claim`).
         self._unfollowed: set[_Batch] = set()
-        self._reads_behind = bool(self._db.claims.reads_behind_in_flight)
+        self._reads_behind = self._reads_behind_in_flight()
         self._pacing.follows = self._reads_behind
         #: Which set of partitions reads first in the next claim (see `_claim`).
         self._first_group = 0
@@ -116,6 +116,9 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         once, so the relay takes its share of that target without waiting a pause."""
         super().reached(target)
         self._heartbeat_now.set()
+
+    def _reads_behind_in_flight(self) -> bool:
+        return bool(self._db.claims.reads_behind_in_flight)
 
     async def _left(self) -> None:
         with contextlib.suppress(RelayboxError):

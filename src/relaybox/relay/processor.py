@@ -107,7 +107,9 @@ class Processor(abc.ABC, Generic[P]):
             fast_interval=settings.fast_poll_interval,
             fast_window=settings.fast_poll_window,
         )
-        self._slots = asyncio.Semaphore(settings.max_in_flight)
+        #: Batches in flight at most.
+        self.max_in_flight = settings.in_flight_limit(self._reads_behind_in_flight())
+        self._slots = asyncio.Semaphore(self.max_in_flight)
         self._delivery = Delivery(
             publishers, circuits, settings.retry, settings.publish_timeout,
             hold_keys=settings.hold_keys,
@@ -147,6 +149,11 @@ class Processor(abc.ABC, Generic[P]):
     @abc.abstractmethod
     async def _deliver(self, claim: Claim) -> None:
         """Publish `claim` and record what came of it."""
+
+    def _reads_behind_in_flight(self) -> bool:
+        """Whether this way of holding rows reads the rows queued behind those in
+        flight in their keys (it sets how many batches go in flight by default)."""
+        return False
 
     def _tasks_of_mode(self) -> list[asyncio.Task[None]]:
         """Tasks this way of holding rows runs beside the claim loop."""

@@ -20,9 +20,8 @@ class RelaySettings:
     #: its own comes alone. A relay holds at most `max_in_flight` claims.
     max_claim_bytes: int = 8 * 1024 * 1024
     #: Claimed batches being published at once: the window of unacknowledged sends.
-    #: Two overlap the next claim with the last batch's publish and settle; more make
-    #: claims skip the keys still in flight, and measured slower (docs/benchmarks.md).
-    max_in_flight: int = 2
+    #: None: as the database's reads suit (`in_flight_limit`).
+    max_in_flight: int | None = None
     #: How long a claim (and a partition) stays ours without renewal.
     lease_seconds: float = 30.0
     #: A publish call that takes longer counts as a transient failure.
@@ -75,7 +74,8 @@ class RelaySettings:
     activity_retention: float = ACTIVITY_RETENTION
 
     def __post_init__(self) -> None:
-        if min(self.batch_size, self.max_in_flight, self.cleanup_batch, self.max_claim_bytes) < 1:
+        limits = (self.batch_size, self.cleanup_batch, self.max_claim_bytes)
+        if min(*limits, 1 if self.max_in_flight is None else self.max_in_flight) < 1:
             raise ConfigurationError(
                 "batch_size, max_in_flight, max_claim_bytes and cleanup_batch must be >= 1"
             )
@@ -95,6 +95,16 @@ class RelaySettings:
         if not self.activity_retention > 0:
             raise ConfigurationError("activity_retention must be positive")
         require_partitions(self.partitions)
+
+    def in_flight_limit(self, reads_behind: bool) -> int:
+        """How many batches go in flight at once: `max_in_flight` if set; else 3 where
+        a read takes the rows behind batches in flight (PostgreSQL, the in-memory
+        storage), whose third batch lets the next read overlap two batches being
+        published and settled, and 2 elsewhere, where a read beside two batches finds
+        only keys in none of them, and a third measured slower (docs/benchmarks.md)."""
+        if self.max_in_flight is not None:
+            return self.max_in_flight
+        return 3 if reads_behind else 2
 
     @property
     def partition_lease_seconds(self) -> float:

@@ -120,7 +120,7 @@ class BenchOptions:
     broker: str
     messages: int
     batch_size: int
-    max_in_flight: int
+    max_in_flight: int | None
     rate: float
     paced_seconds: float
     idle_seconds: float
@@ -893,7 +893,9 @@ def _settings(options: BenchOptions, url: DatabaseUrl) -> dict[str, Any]:
     settings = dataclasses.asdict(options)
     settings["db"], settings["broker"] = url.masked, mask_url(options.broker)
     settings["relay"] = {
-        "batch_size": relay.batch_size, "max_in_flight": relay.max_in_flight,
+        "batch_size": relay.batch_size,
+        "max_in_flight": relay.in_flight_limit(
+            url.dialect == "postgresql" and relay.partition_leases),
         "idle_interval": relay.idle_interval, "min_poll_interval": relay.min_poll_interval,
         "partitions": relay.partitions, "partition_leases": relay.partition_leases,
         "lease_seconds": relay.lease_seconds, "published_retention": relay.published_retention,
@@ -1060,7 +1062,11 @@ def _default_table() -> str:
 @click.option("--broker", default="noop://", show_default=True, help="Broker URL to publish to.")
 @click.option("--messages", default=100_000, show_default=True, type=click.IntRange(min=1))
 @click.option("--batch-size", default=500, show_default=True, type=click.IntRange(min=1))
-@click.option("--max-in-flight", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--max-in-flight",
+    type=click.IntRange(min=1),
+    help="Batches in flight [default: the relay's, 3 on PostgreSQL, 2 elsewhere].",
+)
 @click.option("--rate", default=500.0, show_default=True, help="Paced phase: messages per second.",
               type=click.FloatRange(min=0, min_open=True))  # fmt: skip
 @click.option("--paced-seconds", default=10.0, show_default=True, type=click.FloatRange(min=0))
@@ -1099,9 +1105,10 @@ def _default_table() -> str:
     help="Relay processes draining together (with --cross-process).",
 )
 def bench(
-    db: str, broker: str, messages: int, batch_size: int, max_in_flight: int, rate: float,
-    paced_seconds: float, idle_seconds: float, keys: int, payload_bytes: int, skip_raw: bool,
-    table: str | None, row_leases: bool, cross_process: bool, cold: bool, relays: int,
+    db: str, broker: str, messages: int, batch_size: int, max_in_flight: int | None,
+    rate: float, paced_seconds: float, idle_seconds: float, keys: int, payload_bytes: int,
+    skip_raw: bool, table: str | None, row_leases: bool, cross_process: bool, cold: bool,
+    relays: int,
 ) -> None:  # fmt: skip
     """Measure the relay on a database: drain, idle load, latency, WAL; prints JSON."""
     try:

@@ -152,8 +152,9 @@ def relay_command(options: bench.BenchOptions) -> list[str]:
     in the environment, out of `ps`)."""
     command = [sys.executable, "-m", "relaybox", "relay", "--table", options.table,
                "--broker", f"default={options.broker}", "--batch-size", str(options.batch_size),
-               "--max-in-flight", str(options.max_in_flight), "--idle-interval", "1.0",
-               "--log-level", "INFO"]  # fmt: skip
+               "--idle-interval", "1.0", "--log-level", "INFO"]  # fmt: skip
+    if options.max_in_flight is not None:
+        command += ["--max-in-flight", str(options.max_in_flight)]
     if options.row_leases:
         command.append("--no-partition-leases")
     return command
