@@ -326,7 +326,10 @@ $$;
 -- have handed back a key's head while later rows of it are still out), up to p_room
 -- rows, in seq order. p_window is the window's size (2 x limit + rows in flight).
 -- Last, the byte budget, as the claim above cuts its rows past the window (p_max_bytes,
--- p_alone). It writes nothing.
+-- p_alone). It writes nothing, and is STABLE so that its queries see the snapshot of
+-- the read that calls it: a volatile function takes a new one for each, and a row
+-- committed meanwhile below the window's end (a late commit) would shorten the window
+-- it finds here, so that it returned again rows the read had already taken.
 CREATE OR REPLACE FUNCTION {prefix}_read_past(
     p_room integer, p_partitions integer[], p_count integer, p_targets text[],
     p_busy bigint[], p_window integer, p_max_bytes bigint, p_alone boolean)
@@ -335,7 +338,7 @@ RETURNS TABLE (
     key text, partition integer, type text, content_type text, payload bytea,
     headers text, correlation_id text, causation_id text, tenant_id text,
     aggregate_id text, occurred_at timestamptz, attempts integer, blocked boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
 DECLARE
     v_seqs bigint[];
