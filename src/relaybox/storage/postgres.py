@@ -243,6 +243,11 @@ class PostgresStorage(SqlStorage):
     def _seqs(self, seqs: Seqs) -> str:
         return _array_text(seqs)
 
+    def _gate(self, change: str) -> tuple[Any, ...]:
+        # A change that makes rows wait takes turns with row-leasing claims (queries.sql,
+        # claim_gate); the owned reads of relays holding partitions take no lock.
+        return ("claim_gate", self._lock_key) if change in ("hold", "reschedule") else ()
+
     async def heartbeat(
         self,
         worker: str,

@@ -765,7 +765,11 @@ class SqlStorage(abc.ABC):
             else (change.actor, action.value, change.reason)
         )  # fmt: skip
 
+        gate = self._gate(name)
+
         async def one_statement(session: Session) -> int:
+            if gate:
+                await session.execute(*gate)
             return int(await session.one(name, chosen, *record, *check, *values))
 
         async def steps(session: Session) -> int:
@@ -779,8 +783,13 @@ class SqlStorage(abc.ABC):
             return len(picked)
 
         if self._ONE_STATEMENT_CHANGES:
-            return await self._run(one_statement)
+            return await self._run(one_statement, atomic=bool(gate))
         return await self._run(steps, atomic=True)
+
+    def _gate(self, change: str) -> tuple[Any, ...]:
+        """A statement (name and arguments) that an operator's change `change` runs
+        first, in its transaction, to take turns with claims; () for none."""
+        return ()
 
     # -- the relays' activity, for the console -----------------------------------------
 

@@ -627,6 +627,15 @@ WITH live AS (
 )
 SELECT count(*) FROM changed;
 
+-- name: claim_gate
+-- Taken first, in the same transaction, by an operator's change that makes rows wait
+-- (hold, reschedule): the lock a claim of a relay that leases rows takes ({prefix}_claim,
+-- $1 its lock key), exclusively, so the change commits wholly before or after any such
+-- claim. A claim chooses a key's rows with one snapshot and leases them with a later
+-- one, which skips a row that stopped being due meanwhile: a row held in between would
+-- stay behind while the rows after it in its key went out.
+SELECT pg_advisory_xact_lock($1::integer, -1);
+
 -- name: reschedule
 -- Rows neither in flight nor held, due $6 seconds from now.
 WITH changed AS (
