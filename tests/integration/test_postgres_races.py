@@ -9,6 +9,8 @@
   chooses a key's rows with one snapshot and leases them with a later one, which skips
   a row no longer due: a hold committed in between would leave the key's first row
   behind while the rows after it went out.
+- A claim that calls the claim function twice (leases ran out meanwhile) keeps what
+  the first call leased when the second fails: those leases are committed.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import psycopg
@@ -28,6 +31,7 @@ from relaybox import sql
 from relaybox.core.identifiers import index_prefix
 from relaybox.core.inspection import HELD_UNTIL, Change
 from relaybox.core.partitions import claim_lock_key
+from relaybox.errors import StorageOperationalError
 from relaybox.migrations import migrate
 from relaybox.storage.sql import SqlStorage
 from tests.databases import PG_URL, drop, unique_table
@@ -129,3 +133,31 @@ async def test_a_claim_beside_a_hold_in_progress_takes_nothing_of_its_key(
     finally:
         await hold.close()
     assert taken.messages == []  # the key waits behind its held first row
+
+
+async def test_a_claim_keeps_its_first_call_when_the_second_fails(
+    db: OutboxDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await db.write(messages(["a"], per_key=2))
+    await db.write(messages(["b"], per_key=2))
+    storage = db.storage
+    assert isinstance(storage, SqlStorage)
+    first = await storage.claim("w1", limit=2, lease_seconds=0.05)
+    assert [m.key for m in first.messages] == ["a", "a"]
+    await asyncio.sleep(0.2)  # their leases run out
+    fetch = storage._fetch
+    calls: list[str] = []
+
+    async def failing_second(name: str, *args: Any) -> list[Sequence[Any]]:
+        calls.append(name)
+        if calls.count("claim") == 2:
+            raise StorageOperationalError("connection lost")
+        return await fetch(name, *args)
+
+    monkeypatch.setattr(storage, "_fetch", failing_second)
+    taken = await storage.claim("w2", limit=10, lease_seconds=30.0)
+    assert calls.count("claim") == 2
+    assert [m.key for m in taken.messages] == ["b", "b"]  # the first call's leases
+    monkeypatch.undo()
+    again = await storage.claim("w2", limit=10, lease_seconds=30.0)
+    assert [m.key for m in again.messages] == ["a", "a"]  # the expired ones, in order

@@ -307,7 +307,14 @@ class PostgresStorage(SqlStorage):
             # Leases ran out: those rows are pending again; a second call takes them and
             # what waited behind them, in order, within what is left of the budget.
             args[1], args[8], args[9] = limit - len(claimed), budget - held, not claimed
-            claimed.extend(row[1:] for row in await self._fetch("claim", *args) if not row[0])
+            try:
+                more = await self._fetch("claim", *args)
+            except StorageOperationalError:
+                # The first call committed its leases: those rows are a claim in order
+                # by themselves, published now rather than left until their leases run
+                # out. The rest waits for the next claim.
+                more = []
+            claimed.extend(row[1:] for row in more if not row[0])
         return Claim(str(token), worker, by_seq(claimed, partition_count))
 
     async def read(
