@@ -1,9 +1,12 @@
 """A relay gives back the partitions it must give back as soon as their rows in flight
 are settled, not at its next heartbeat: the heartbeat comes at once. The heartbeat
-pauses are made long here, so only that can explain a second heartbeat."""
+pauses are made long here, so only that can explain a second heartbeat. And a heartbeat
+that comes while a publish's lease guard has fired, its delivery still unwinding, leaves
+that guard as it is."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import uuid
 
@@ -46,3 +49,52 @@ async def test_a_heartbeat_comes_at_once_when_what_is_given_back_has_nothing_in_
         assert processor._heartbeat_now.is_set()
         await eventually(lambda: processor.metrics.heartbeats == 2, timeout=10)
         assert processor._draining == {}
+
+
+async def test_a_heartbeat_beside_a_guard_that_fired_leaves_it_alone() -> None:
+    relay = Relay(MemoryStorage(), {"default": MemoryPublisher()}, settings=fast_settings())
+    async with relay:
+        (processor,) = relay.processors
+        assert isinstance(processor, partition_leases.PartitionLeaseProcessor)
+        await eventually(lambda: processor.metrics.heartbeats >= 1)
+
+        async def delivery() -> None:
+            async with asyncio.timeout(0.01) as guard:
+                processor._guards.add(guard)
+                try:
+                    await asyncio.sleep(1)
+                except asyncio.CancelledError:  # fired; the delivery is unwinding
+                    assert guard.expired()
+                    processor._hold()  # what a heartbeat that ends now does
+                    raise
+                finally:
+                    processor._guards.discard(guard)
+
+        with pytest.raises(TimeoutError):
+            await delivery()
+        heartbeats = processor.metrics.heartbeats
+        await eventually(lambda: processor.metrics.heartbeats > heartbeats)
+
+
+async def test_the_heartbeats_go_on_after_an_unexpected_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    beat = partition_leases.PartitionLeaseProcessor._heartbeat
+    calls = 0
+
+    async def flaky(
+        self: partition_leases.PartitionLeaseProcessor, target: str, begun: float
+    ) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("a bug")
+        await beat(self, target, begun)
+
+    monkeypatch.setattr(partition_leases.PartitionLeaseProcessor, "_heartbeat", flaky)
+    relay = Relay(MemoryStorage(), {"default": MemoryPublisher()}, settings=fast_settings())
+    async with relay:
+        (processor,) = relay.processors
+        await eventually(lambda: processor.metrics.heartbeats >= 3)
+    assert calls >= 4
+    assert "heartbeat failed" in caplog.text

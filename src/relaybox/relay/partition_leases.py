@@ -276,11 +276,14 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         return loop.time() + (self._held_until - margin - time.monotonic())
 
     def _extend_guards(self) -> None:
-        """A heartbeat renewed the partitions: publishes in flight may go on longer."""
+        """A heartbeat renewed the partitions: publishes in flight may go on longer. A
+        guard that has fired already stays fired (its delivery is unwinding, and an
+        asyncio timeout that has expired cannot be moved)."""
         loop = asyncio.get_running_loop()
         when = self._guard_at(loop, self._guard_margin())
         for guard in self._guards:
-            guard.reschedule(when)
+            if not guard.expired():
+                guard.reschedule(when)
 
     async def _settle(self, settlement: Settlement) -> bool:
         """Record a batch's outcomes in one atomic step (so nothing is recorded half: if
@@ -328,6 +331,10 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
                     # relays that have: it joins that target's share once connected.
                     if not self._circuits[target].held:
                         await self._heartbeat(target, begun)
+            except Exception:
+                # Whatever went wrong, the next heartbeat comes: without heartbeats the
+                # partitions lapse, and every publish would stop at its lease's end.
+                logger.exception("heartbeat failed", extra={"action": "heartbeat"})
             finally:
                 self._between_heartbeats.set()
             await self._pause_for(self._pause(begun))
