@@ -301,6 +301,30 @@ def test_a_writer_refuses_to_emit_where_no_slot_would_read_it(logical_pg: str, t
     write(logical_pg, table, [msg("k", 1)])
 
 
+async def test_in_a_pipeline_a_writer_refuses_an_emit_it_cannot_check(
+    logical_pg: str, table: str
+) -> None:
+    """An emit that finds no slot emits nothing and says so by its row count, which a
+    psycopg pipeline gives only at its sync: such an emit is refused before it is sent.
+    A connection whose emit found the slot outside a pipeline emits inside one."""
+    await drop_slot(logical_pg, table)
+    try:
+        with psycopg.connect(logical_pg) as connection:
+            with connection.pipeline(), pytest.raises(ConfigurationError, match="pipeline"):
+                LogOutbox(table=table).add(connection, msg("k", 0))
+            connection.rollback()
+    finally:
+        await create_slot(logical_pg, table)
+    outbox = LogOutbox(table=table)
+    with psycopg.connect(logical_pg) as connection:
+        outbox.add(connection, msg("k", 1))  # outside: it checks, and finds the slot
+        with connection.pipeline():
+            outbox.add(connection, msg("k", 2))
+        connection.commit()
+    rows = await _streamed(logical_pg, table)
+    assert [json.loads(row[8])["n"] for row in rows] == [1, 2]
+
+
 def test_a_connection_checks_the_slot_again_once_its_interval_is_over(
     logical_pg: str, table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -48,6 +48,7 @@ from relaybox.sql.params import ParamStyle, styled
 from relaybox.writer.connections import (
     Channel,
     async_channel,
+    in_pipeline,
     no_transaction,
     sync_channel,
     weak_ref,
@@ -118,6 +119,7 @@ class LogOutbox:
             if not allow_autocommit and channel.alone():
                 raise no_transaction(connection, "LogOutbox.add")
             checked = self._must_check(connection)
+            self._not_blind(connection, checked)
             count = channel.execute(self._emit(channel, checked), (encode_rows(rows),))
             self._emitted(connection, count, checked)
         return batch
@@ -136,6 +138,7 @@ class LogOutbox:
             if not allow_autocommit and channel.alone():
                 raise no_transaction(connection, "LogOutbox.add_async")
             checked = self._must_check(connection)
+            self._not_blind(connection, checked)
             count = await channel.execute(self._emit(channel, checked), (encode_rows(rows),))
             self._emitted(connection, count, checked)
         return batch
@@ -158,10 +161,28 @@ class LogOutbox:
         """A connection died: its id may be taken by a new object."""
         self._checked.pop(key, None)
 
+    def _not_blind(self, connection: Any, checked: bool) -> None:
+        """Refuse an emit that must check the slot where its answer would come too
+        late: an emit that finds no ready slot emits nothing, and says so only by its
+        row count, which psycopg gives in pipeline mode only at the pipeline's sync."""
+        if checked and in_pipeline(connection):
+            raise self._blind()
+
+    def _blind(self) -> ConfigurationError:
+        return ConfigurationError(
+            f"LogOutbox checks that table {self.table!r} has a ready replication slot by "
+            "the row count of its emit, which psycopg gives in pipeline mode only at the "
+            "pipeline's sync, too late to refuse the message: add it outside "
+            "`connection.pipeline()` (a connection whose emit found the slot there skips "
+            "the check for `slot_check_interval` seconds, in pipelines too)"
+        )
+
     def _emitted(self, connection: Any, count: int, checked: bool) -> None:
-        """Refuse an emit that found no ready slot (-1: a psycopg pipeline, whose count
-        arrives later; there the slot is the operator's to have created, and each emit
-        checks it). One that found it spares the connection's next checks for a while."""
+        """Refuse an emit that found no ready slot, or that cannot tell (-1: a psycopg
+        pipeline behind a wrapper that `_not_blind` could not see through). One that
+        found it spares the connection's next checks for a while."""
+        if checked and count < 0:
+            raise self._blind()
         if checked and count > 0 and self.slot_check_interval > 0:
             key = id(connection)
             known = self._checked.get(key)
