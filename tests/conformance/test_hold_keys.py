@@ -1,12 +1,15 @@
 """The hold-the-key policy, on every backend: a keyed row the relay gives up on stays
 live and held, and the later rows of its (target, key) wait behind it, in reads and in
 claims alike; keyless rows are abandoned as without it; held rows are counted apart;
-and a hold is never undone by a failure or an abandon that a relay settles late."""
+and a hold is never undone by a failure or an abandon that a relay settles late, nor a
+delay shortened by a failure settled late."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 
+from relaybox.core.inspection import Change
 from relaybox.core.lifecycle import Status
 from relaybox.core.records import Failure, Settled
 from tests.conformance.conftest import Backend
@@ -156,3 +159,26 @@ async def test_a_held_key_s_long_backlog_hides_no_other_row(backend: Backend) ->
     assert [m.key for m in found] == ["good", "good", None, "other"]
     claim = await backend.storage.claim("w2", limit=10, lease_seconds=LEASE)
     assert [m.key for m in claim.messages] == ["good", "good", None, "other"]
+
+
+async def test_a_delay_made_after_the_read_outlasts_a_late_failed_settle(
+    backend: Backend,
+) -> None:
+    """A relay read the row; an operator delayed it by an hour before that relay settled
+    its failure with a short retry: the row stays due in an hour, not in a second."""
+    await hold_everything(backend)
+    await write(backend, msg("k"), msg("k"))
+    head, _ = await backend.storage.read(limit=10)
+    delayed = await backend.storage.reschedule(  # type: ignore[union-attr]
+        [head.seq], delay=3600, change=Change("ops")
+    )
+    assert delayed == 1
+    settled = await backend.storage.settle("w1", failed=[Failure(head.seq, "down", 1)])
+    assert settled == Settled(failed=1)
+    detail = await backend.storage.message(head.seq)  # type: ignore[union-attr]
+    assert detail is not None
+    due = detail.summary.available_at
+    assert due is not None
+    due_in = due - datetime.datetime.now(datetime.UTC)
+    assert due_in > datetime.timedelta(minutes=59)
+    assert await backend.storage.read(limit=10) == []  # and the key waits behind it

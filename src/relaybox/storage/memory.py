@@ -319,7 +319,8 @@ class MemoryStorage:
                     row.unlock(Status.FAILED)
                     row.attempts += 1
                     row.last_error = failure.error
-                    row.available_at = now + float(failure.retry_in)
+                    # Never sooner than an operator's delay made since the read.
+                    row.available_at = max(row.available_at, now + float(failure.retry_in))
                     failures += 1
             given_up = 0
             for failure in abandoned:

@@ -115,7 +115,8 @@ ORDER BY seq;
 
 -- A row held meanwhile (available_at at the held time: an operator held it between the
 -- read and the settle) stays held: a failed or abandoned settle leaves it alone, where a
--- published one may still delete it (the message went out).
+-- published one may still delete it (the message went out). A row delayed meanwhile
+-- keeps its delay: a failed settle never makes a row due sooner.
 
 -- name: fail_owned
 -- $1 failures JSON [[seq, error, retry_in seconds], ...], $2 worker, $3 partition count,
@@ -126,7 +127,8 @@ UPDATE JSON_TABLE($1, '$[*]' COLUMNS (
         retry_in DOUBLE PATH '$[2]')) f
 STRAIGHT_JOIN {table} o FORCE INDEX (PRIMARY) ON o.seq = f.seq
 SET o.status = 'failed', o.attempts = o.attempts + 1, o.last_error = f.error,
-    o.available_at = UTC_TIMESTAMP(6) + INTERVAL ROUND(f.retry_in * 1000000) MICROSECOND,
+    o.available_at = GREATEST(o.available_at,
+        UTC_TIMESTAMP(6) + INTERVAL ROUND(f.retry_in * 1000000) MICROSECOND),
     o.locked_by = NULL, o.locked_until = NULL, o.lock_token = NULL
 WHERE o.status IN ('pending', 'processing', 'failed') AND o.available_at < $4
   AND (SELECT p.owner FROM {table}_partitions p FORCE INDEX (PRIMARY)

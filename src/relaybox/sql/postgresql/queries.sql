@@ -217,15 +217,16 @@ WHERE (SELECT found FROM held) < $1::integer AND (SELECT bytes FROM held) < $8::
 
 -- A row held meanwhile (available_at at the held time, $4 below: an operator held it
 -- between the read and the settle) stays held: a failed or abandoned settle leaves it
--- alone, where a published one may still delete it (the message went out).
+-- alone, where a published one may still delete it (the message went out). A row
+-- delayed meanwhile keeps its delay: a failed settle never makes a row due sooner.
 
 -- name: fail_owned
 -- $1 failures JSON [[seq, error, retry-in seconds], ...], $2 worker, $3 partition count,
 -- $4 the held rows' due time.
 UPDATE {table} o
 SET status = 'failed', attempts = o.attempts + 1, last_error = f.by_seq -> o.seq::text ->> 1,
-    available_at = now()
-        + (f.by_seq -> o.seq::text ->> 2)::float8 * interval '1 second',
+    available_at = greatest(o.available_at, now()
+        + (f.by_seq -> o.seq::text ->> 2)::float8 * interval '1 second'),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
 FROM (SELECT jsonb_object_agg(x ->> 0, x) AS by_seq
       FROM jsonb_array_elements($1::text::jsonb) AS x) AS f

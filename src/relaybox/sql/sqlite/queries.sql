@@ -154,7 +154,8 @@ ORDER BY seq;
 
 -- A row held meanwhile (available_at at the held time: an operator held it between the
 -- read and the settle) stays held: a failed or abandoned settle leaves it alone, where a
--- published one may still delete it (the message went out).
+-- published one may still delete it (the message went out). A row delayed meanwhile
+-- keeps its delay: a failed settle never makes a row due sooner.
 
 -- name: fail_owned
 -- ?1 failures JSON [[seq, error, retry_in], ...], ?2 worker, ?3 partition count, ?4 the
@@ -164,9 +165,10 @@ SET status = 'failed', attempts = o.attempts + 1,
     last_error = json_extract(
         (SELECT json_group_object(json_extract(value, '$[0]'), value) FROM json_each(?1)),
         '$."' || o.seq || '"[1]'),
-    available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', json_extract(
-        (SELECT json_group_object(json_extract(value, '$[0]'), value) FROM json_each(?1)),
-        '$."' || o.seq || '"[2]'))),
+    available_at = max(o.available_at, strftime('%Y-%m-%d %H:%M:%f', 'now',
+        printf('%+.3f seconds', json_extract(
+            (SELECT json_group_object(json_extract(value, '$[0]'), value) FROM json_each(?1)),
+            '$."' || o.seq || '"[2]')))),
     locked_by = NULL, locked_until = NULL, lock_token = NULL
 WHERE o.seq IN (SELECT json_extract(value, '$[0]') FROM json_each(?1))
   AND o.status IN ('pending', 'processing', 'failed') AND o.available_at < ?4
