@@ -1,6 +1,6 @@
 """PostgreSQL: what commits while a read or a claim runs.
 
-- The owned read's second half ({prefix}_read_past) sees the snapshot of the read that
+- The owned read's second half ({table}_read_past) sees the snapshot of the read that
   calls it. A volatile PL/pgSQL function takes a new snapshot for each query in it, so
   a row committed while the read runs, with a seq below the window's end (a writer that
   drew its seq before others and committed after them), would shorten the window that
@@ -11,6 +11,8 @@
   behind while the rows after it went out.
 - A claim that calls the claim function twice (leases ran out meanwhile) keeps what
   the first call leased when the second fails: those leases are committed.
+- Two tables whose names differ only by a schema's dot (`s.outbox`, `s_outbox`) keep
+  their functions apart: each claims, reads and beats its own rows.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ import psycopg
 import pytest
 
 from relaybox import sql
-from relaybox.core.identifiers import index_prefix
 from relaybox.core.inspection import HELD_UNTIL, Change
 from relaybox.core.partitions import claim_lock_key
+from relaybox.core.records import Routing
 from relaybox.errors import StorageOperationalError
 from relaybox.migrations import migrate
+from relaybox.storage import open_storage
 from relaybox.storage.sql import SqlStorage
 from tests.databases import PG_URL, drop, unique_table
 from tests.relay_support import OutboxDB, messages, outbox_db
@@ -77,7 +80,7 @@ def test_rows_committed_during_a_read_do_not_move_its_window(table: str) -> None
             started = time.monotonic()
             rows = reader.execute(
                 f"SELECT r.key FROM (SELECT pg_sleep(1.0), 10 AS room) AS s,"
-                f" LATERAL {index_prefix(table)}_read_past(s.room, NULL, 64, NULL,"
+                f" LATERAL {table}_read_past(s.room, NULL, 64, NULL,"
                 f" '{{}}', {WINDOW}, 9223372036854775807, true) AS r"
             ).fetchall()
             timer.join()
@@ -161,3 +164,36 @@ async def test_a_claim_keeps_its_first_call_when_the_second_fails(
     monkeypatch.undo()
     again = await storage.claim("w2", limit=10, lease_seconds=30.0)
     assert [m.key for m in again.messages] == ["a", "a"]  # the expired ones, in order
+
+
+async def test_a_schema_table_and_its_underscored_namesake_keep_their_functions_apart() -> None:
+    schema = unique_table("sch")
+    dotted, plain = f"{schema}.outbox", f"{schema}_outbox"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        for table in (dotted, plain):
+            await migrate(PG_URL, table=table)
+        written = {}
+        for table in (dotted, plain):
+            storage = await open_storage(PG_URL, table=table)
+            try:
+                (message,) = messages([table], per_key=1)
+                await storage.write(Routing.of(["default"], None).rows([message]))
+                written[table] = message.id
+            finally:
+                await storage.close()
+        for table in (dotted, plain):
+            storage = await open_storage(PG_URL, table=table)
+            try:
+                read = await storage.read(limit=10)
+                claim = await storage.claim("w", limit=10, lease_seconds=30.0)
+                beat = await storage.heartbeat("w", partitions=8, lease_seconds=30.0)
+            finally:
+                await storage.close()
+            assert [m.id for m in read] == [m.id for m in claim.messages] == [written[table]]
+            assert len(beat.partitions) == 8
+    finally:
+        drop(PG_URL, plain)
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")

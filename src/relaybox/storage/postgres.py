@@ -260,7 +260,7 @@ class PostgresStorage(SqlStorage):
         """Renew and rebalance `target`'s partitions in one round trip when nothing
         changes hands (an idle relay's every heartbeat), two when something does.
 
-        The first step, {prefix}_heartbeat, commits on its own: it expires dead members,
+        The first step, {table}_heartbeat, commits on its own: it expires dead members,
         joins, creates missing partitions and renews those held, so it only extends what
         the relay held already. Should the second step fail, the relay keeps what it
         held without counting the heartbeat as a renewal, as after any failed heartbeat.

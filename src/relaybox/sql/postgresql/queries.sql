@@ -113,14 +113,14 @@ FROM (SELECT count(*) FROM key_lock) AS locked, pg_notify($18::text, '') AS woke
 ORDER BY r.ord;
 
 -- name: claim
--- The row-lease claim: one call of {prefix}_claim (schema.sql explains it).
+-- The row-lease claim: one call of {table}_claim (schema.sql explains it).
 -- $1 worker, $2 limit, $3 partitions or NULL, $4 partition count, $5 targets or NULL,
 -- $6 token, $7 lease s, $8 the table's claim-lock key, $9 the byte budget, $10 whether
 -- a first payload over it goes alone.
 SELECT expired, seq, id, target, external, topic, key, partition, type, content_type,
     payload, headers, correlation_id, causation_id, tenant_id, aggregate_id, occurred_at,
     attempts
-FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::integer, $5::text[],
+FROM {table}_claim($1::text, $2::integer, $3::integer[], $4::integer, $5::text[],
     $6::uuid, $7::float8, $8::integer, $9::bigint, $10::boolean);
 
 -- name: read
@@ -144,7 +144,7 @@ FROM {prefix}_claim($1::text, $2::integer, $3::integer[], $4::integer, $5::text[
 -- Target names hold no chr(31), so each string is one pair's own; a row written by
 -- hand with one in its target could share its string with another pair, which only
 -- holds that row back until the batch in flight settles, never lets one through.
--- The window's rows come first, in seq order; {prefix}_read_past, called only when
+-- The window's rows come first, in seq order; {table}_read_past, called only when
 -- they are fewer than $1 (and their payloads fewer bytes than $8), adds rows past the
 -- window, all of higher seqs, within what is left of $8.
 -- $8 the byte budget: the rows go in seq order while their payloads together stay
@@ -194,7 +194,7 @@ WHERE (SELECT bytes FROM held) <= $8::bigint
            FROM picked p) AS s
        WHERE s.through <= $8::bigint OR ($9::boolean AND s.through = s.size))
 UNION ALL
-SELECT * FROM {prefix}_read_past(
+SELECT * FROM {table}_read_past(
     $1::integer - (SELECT found FROM held), $2::integer[], $3::integer, $4::text[],
     $5::text::bigint[], $7::integer, $8::bigint - (SELECT bytes FROM held),
     $9::boolean AND (SELECT bytes FROM held) = 0)
@@ -630,7 +630,7 @@ SELECT count(*) FROM changed;
 
 -- name: claim_gate
 -- Taken first, in the same transaction, by an operator's change that makes rows wait
--- (hold, reschedule): the lock a claim of a relay that leases rows takes ({prefix}_claim,
+-- (hold, reschedule): the lock a claim of a relay that leases rows takes ({table}_claim,
 -- $1 its lock key), exclusively, so the change commits wholly before or after any such
 -- claim. A claim chooses a key's rows with one snapshot and leases them with a later
 -- one, which skips a row that stopped being due meanwhile: a row held in between would
@@ -738,7 +738,7 @@ SELECT t FROM unnest(ARRAY['{table}', '{table}_done', '{table}_partitions',
 WHERE to_regclass(t) IS NULL;
 
 -- Partition leases, per target. A heartbeat of one target is one call of
--- {prefix}_heartbeat (schema.sql explains it), which expires dead members, joins,
+-- {table}_heartbeat (schema.sql explains it), which expires dead members, joins,
 -- creates the target's partitions if missing and renews those the worker holds; only
 -- when the relay must give partitions back or take some do partitions_release and
 -- partitions_take follow, in a transaction of their own.
@@ -747,7 +747,7 @@ WHERE to_regclass(t) IS NULL;
 -- $1 worker, $2 lease seconds, $3 target, $4 partitions. One row: how many live relays
 -- serve the target, the targets some live relay serves, the partitions renewed.
 SELECT live, served, held
-FROM {prefix}_heartbeat($1::text, $2::float8, $3::text, $4::integer);
+FROM {table}_heartbeat($1::text, $2::float8, $3::text, $4::integer);
 
 -- name: partitions_release
 -- $1 worker, $2 the partitions it gives back (array text), $3 target.

@@ -114,7 +114,7 @@ CREATE TABLE IF NOT EXISTS {table}_partitions (
 -- The functions below call it only when the rows' total is over the budget, and find
 -- the sizes as they choose the rows (octet_length reads a payload's length, not the
 -- payload), so a batch within the budget costs no second look at its rows.
-CREATE OR REPLACE FUNCTION {prefix}_within(
+CREATE OR REPLACE FUNCTION {table}_within(
     p_seqs bigint[], p_sizes integer[], p_max_bytes bigint, p_alone boolean)
 RETURNS bigint[]
 LANGUAGE sql IMMUTABLE AS $$
@@ -152,9 +152,9 @@ $$;
 -- stay within p_max_bytes, and, if p_alone, a first payload larger on its own goes
 -- alone. Cutting the tail of a seq-ordered choice leaves every key's taken rows a run
 -- from its head, so order holds. The rows bring their payload sizes along, and are
--- cut ({prefix}_within) only when their total is over the budget; rows found past the
+-- cut ({table}_within) only when their total is over the budget; rows found past the
 -- window, within what the window's rows left of it.
-CREATE OR REPLACE FUNCTION {prefix}_claim(
+CREATE OR REPLACE FUNCTION {table}_claim(
     p_worker text, p_limit integer, p_partitions integer[], p_count integer,
     p_targets text[], p_token uuid, p_lease float8, p_lock_key integer,
     p_max_bytes bigint, p_alone boolean)
@@ -214,7 +214,7 @@ BEGIN
         ORDER BY w.seq
         LIMIT p_limit) AS f;
     IF v_bytes > p_max_bytes THEN
-        v_seqs := {prefix}_within(v_seqs, v_sizes, p_max_bytes, p_alone);
+        v_seqs := {table}_within(v_seqs, v_sizes, p_max_bytes, p_alone);
     END IF;
     IF v_found < p_limit THEN
         SELECT count(*), max(w.seq) INTO v_seen, v_last FROM (
@@ -293,7 +293,7 @@ BEGIN
             ORDER BY x.seq
             LIMIT v_room) AS y;
         IF v_bytes + v_more_bytes > p_max_bytes THEN
-            v_more := {prefix}_within(v_more, v_more_sizes, p_max_bytes - v_bytes,
+            v_more := {table}_within(v_more, v_more_sizes, p_max_bytes - v_bytes,
                                       p_alone AND v_bytes = 0);
         END IF;
         v_seqs := v_seqs || v_more;
@@ -330,7 +330,7 @@ $$;
 -- the read that calls it: a volatile function takes a new one for each, and a row
 -- committed meanwhile below the window's end (a late commit) would shorten the window
 -- it finds here, so that it returned again rows the read had already taken.
-CREATE OR REPLACE FUNCTION {prefix}_read_past(
+CREATE OR REPLACE FUNCTION {table}_read_past(
     p_room integer, p_partitions integer[], p_count integer, p_targets text[],
     p_busy bigint[], p_window integer, p_max_bytes bigint, p_alone boolean)
 RETURNS TABLE (
@@ -430,7 +430,7 @@ BEGIN
         ORDER BY x.seq
         LIMIT p_room) AS y;
     IF v_bytes > p_max_bytes THEN
-        v_seqs := {prefix}_within(v_seqs, v_sizes, p_max_bytes, p_alone);
+        v_seqs := {table}_within(v_seqs, v_sizes, p_max_bytes, p_alone);
     END IF;
     RETURN QUERY
     SELECT o.seq, o.id, o.target, o.external, o.topic, o.key, o.partition % p_count,
@@ -455,7 +455,7 @@ $$;
 -- (rebalance, in Python): in a steady state none, and the heartbeat is this one round
 -- trip; otherwise queries.sql's partitions_release and partitions_take follow in a
 -- transaction of their own (the storage's `heartbeat` says why that is safe).
-CREATE OR REPLACE FUNCTION {prefix}_heartbeat(
+CREATE OR REPLACE FUNCTION {table}_heartbeat(
     p_worker text, p_lease float8, p_target text, p_count integer)
 RETURNS TABLE (live integer, served text[], held integer[])
 LANGUAGE plpgsql AS $$
