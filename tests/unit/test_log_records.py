@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
@@ -35,5 +36,11 @@ def test_foreign_content_is_refused(content: bytes) -> None:
 
 def test_names_derive_from_the_table() -> None:
     assert log_prefix("app.outbox") == "relaybox:app.outbox"
-    assert log_slot("app.outbox") == "relaybox_app__outbox"
-    assert len(log_slot("s" * 30 + "." + "t" * 41)) <= 63
+    assert log_slot("relaybox_outbox") == "relaybox_relaybox_outbox"
+    assert log_slot("app.outbox").startswith("relaybox_app__outbox_")
+    # A schema's dot and a double underscore never share a slot.
+    names = ["app.outbox", "app__outbox", "a.pp__outbox", "app__.outbox", "app__outbox_x"]
+    slots = [log_slot(name) for name in names]
+    assert len(set(slots)) == len(names)
+    for slot in [*slots, log_slot("s" * 30 + "." + "t" * 41), log_slot("t" * 41)]:
+        assert re.fullmatch(r"[a-z0-9_]{1,63}", slot), slot

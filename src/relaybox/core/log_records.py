@@ -20,6 +20,7 @@ library writes it in C: this runs inside every business transaction.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import uuid
 from collections.abc import Sequence
@@ -46,10 +47,16 @@ def log_prefix(table: str) -> str:
 def log_slot(table: str) -> str:
     """The replication slot (and the publication) `table`'s relay streams from.
 
-    Spelled as `notify_channel` spells the table's channel (`relaybox_` and the table,
-    `.` as `__`, a digest past 63 characters): a name of lower-case letters, digits
-    and underscores, as slot names must be."""
-    return notify_channel(table)
+    A name of lower-case letters, digits and underscores, as slot names must be:
+    `relaybox_` and the table (`relaybox_outbox`). A schema's `.` is spelled `__`, which
+    a table name may hold as well, so a schema-qualified name also ends in 8 hex digits
+    of a digest of the whole name: `app.outbox` and `app__outbox` never share a slot
+    (whose relay would take one table's messages and confirm past the other's)."""
+    name = validate_table_name(table)
+    if "." not in name:
+        return notify_channel(name)
+    digest = hashlib.blake2b(name.encode(), digest_size=4).hexdigest()
+    return f"relaybox_{name.replace('.', '__')[:44]}_{digest}"
 
 
 def format_lsn(lsn: int) -> str:
