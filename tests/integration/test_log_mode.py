@@ -27,7 +27,7 @@ import psycopg
 import pytest
 
 from relaybox import ConfigurationError, LogOutbox, Message, NoTransactionError
-from relaybox.core.log_records import decode_rows, log_slot, parse_lsn
+from relaybox.core.log_records import decode_rows, log_prefix, log_slot, parse_lsn
 from relaybox.observability.snapshot import snapshot
 from relaybox.publishers.memory import MemoryPublisher
 from relaybox.relay import log_stream
@@ -119,6 +119,35 @@ async def test_committed_is_published_and_rolled_back_never(logical_pg: str, tab
         assert (shown["published"], shown["to_table"], shown["transactions"]) == (4, 0, 3)
         stored = publisher.published[0]
         assert (stored.topic, stored.type, stored.attempts) == ("orders", "orders", 0)
+
+
+def emit_raw(url: str, table: str, content: bytes) -> None:
+    """Content under the table's prefix, as no writer of this relaybox writes it."""
+    with psycopg.connect(url) as connection:
+        connection.execute(
+            "SELECT pg_logical_emit_message(true, %s, %s)", (log_prefix(table), content)
+        )
+        connection.commit()
+
+
+async def test_a_malformed_message_is_skipped_and_one_of_a_newer_format_stops_the_stream(
+    logical_pg: str, table: str
+) -> None:
+    """Content of this relaybox's format that does not decode came from no writer of
+    relaybox: counted, logged and passed over. Content of another format came from a
+    newer writer: nothing is confirmed past it, and only a newer relay goes on."""
+    publisher = MemoryPublisher()
+    async with log_relay(logical_pg, table, publisher) as relay:
+        emit_raw(logical_pg, table, b"1\nnot json\n")
+        write(logical_pg, table, [msg("a", 0)])
+        await eventually(lambda: numbers(publisher, "a") == [0])
+        (streamer,) = relay.streamers
+        assert streamer.metrics.undecodable == 1
+        emit_raw(logical_pg, table, b"2\n[]\n")
+        write(logical_pg, table, [msg("a", 1)])
+        await eventually(lambda: "format 2" in (streamer.last_error or ""))
+        await asyncio.sleep(0.5)
+        assert numbers(publisher, "a") == [0]  # stopped before the newer message
 
 
 async def test_slot_stays_before_an_unconfirmed_message_which_comes_again(

@@ -8,7 +8,13 @@ import uuid
 import pytest
 
 from relaybox import Message, MessageError, Target
-from relaybox.core.log_records import decode_rows, encode_rows, log_prefix, log_slot
+from relaybox.core.log_records import (
+    UnknownFormatError,
+    decode_rows,
+    encode_rows,
+    log_prefix,
+    log_slot,
+)
 from relaybox.core.records import Routing
 
 
@@ -44,3 +50,12 @@ def test_names_derive_from_the_table() -> None:
     assert len(set(slots)) == len(names)
     for slot in [*slots, log_slot("s" * 30 + "." + "t" * 41), log_slot("t" * 41)]:
         assert re.fullmatch(r"[a-z0-9_]{1,63}", slot), slot
+
+
+def test_content_of_another_format_is_told_apart_from_foreign_content() -> None:
+    with pytest.raises(UnknownFormatError, match="format 2"):
+        decode_rows(b"2\n[]\n")
+    for foreign in (b"1\nnot json\n", b"x\n[]\n", b"", b"12345678901\n[]\n"):
+        with pytest.raises(MessageError) as raised:
+            decode_rows(foreign)
+        assert not isinstance(raised.value, UnknownFormatError)

@@ -87,11 +87,22 @@ def encode_rows(rows: Sequence[InsertRow]) -> bytes:
     return b"".join((_HEAD, _encode(meta).encode(), b"\n", *payloads))
 
 
+class UnknownFormatError(MessageError):
+    """A log message of a format this relaybox cannot read: written by a newer one."""
+
+
 def decode_rows(content: bytes) -> list[InsertRow]:
-    """The rows `encode_rows` wrote; a `MessageError` for content it did not write."""
+    """The rows `encode_rows` wrote; a `MessageError` for content it did not write, an
+    `UnknownFormatError` for content of another format (a number on its first line)."""
     first = content.find(b"\n")
     second = content.find(b"\n", first + 1)
-    if first < 0 or second < 0 or content[:first] != FORMAT:
+    head = content[:first] if first >= 0 else b""
+    if head != FORMAT and 0 < len(head) <= 9 and head.isdigit():
+        raise UnknownFormatError(
+            f"a relaybox log message of format {head.decode()}, which this relaybox (format "
+            f"{FORMAT.decode()}) cannot read: upgrade the relays before the writers"
+        )
+    if first < 0 or second < 0 or head != FORMAT:
         raise MessageError(f"not a relaybox log message of format {FORMAT.decode()}")
     try:
         meta = json.loads(content[first + 1 : second])

@@ -54,7 +54,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from relaybox.core.circuit import CircuitBreaker
 from relaybox.core.identifiers import DEFAULT_TABLE
-from relaybox.core.log_records import decode_rows
+from relaybox.core.log_records import UnknownFormatError, decode_rows
 from relaybox.core.publishing import Outcome, PublishResult
 from relaybox.core.records import InsertRow, StoredMessage
 from relaybox.core.signals import TargetCounters
@@ -325,7 +325,11 @@ class LogStreamer:
         for content in contents:
             try:
                 rows.extend(decode_rows(content))
-            except MessageError as error:  # no writer of this relaybox wrote it
+            except UnknownFormatError:
+                # A newer writer's message: a newer relay must publish it. Nothing is
+                # confirmed past it; the stream stops here and tries again.
+                raise
+            except MessageError as error:  # no writer of any relaybox wrote it
                 self.metrics.undecodable += 1
                 logger.error("%s: skipped a log message: %s", self.name, error,
                              extra={"action": "log_decode"})  # fmt: skip
