@@ -116,6 +116,12 @@ class InboxError(RelayboxError):
     """The inbox cannot check this message as configured."""
 
 
+class TransactionLostError(RelayboxError):
+    """A consumer's handler returned, but its transaction no longer holds the message's
+    record (an error the handler caught aborted it): nothing is acknowledged, and the
+    message counts a failed attempt."""
+
+
 class EntityConflictError(RelayboxError):
     """An entity kept changing under its consumer's saves; the message is not acknowledged
     and comes again."""

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from relaybox.core.incoming import Incoming
-from relaybox.errors import ConfigurationError, InboxError
+from relaybox.errors import ConfigurationError, InboxError, TransactionLostError
 from relaybox.inbox import Consumer, Inbox, Processed
 from relaybox.inbox import parked as store
 from tests.inbox.support import DIALECTS, InboxWorld, incoming, wait_until
@@ -276,3 +276,38 @@ def test_handlers_of_one_consumer_are_all_async_or_all_sync() -> None:
         consumer.handler("c", payload=dict)
     with pytest.raises(ConfigurationError, match="unknown_types='drop'"):
         Consumer(inbox=Inbox(), transaction=lambda: None, unknown_types="drop")  # type: ignore[arg-type,return-value]
+
+
+async def test_a_handler_that_swallows_a_failed_statement_is_not_acknowledged_where_that_aborts(
+    world: InboxWorld,
+) -> None:
+    """A handler that catches a database error returns as if done. On PostgreSQL the
+    error aborted its transaction, whose commit then keeps nothing, not even the inbox
+    record: the message counts a failed attempt instead of being acknowledged without
+    its effects. MariaDB and SQLite undo the failed statement alone: applied once."""
+
+    async def handler(message: Incoming, conn: Any) -> None:
+        await world.write_effect(conn, message, "test")
+        try:
+            if world.dialect == "mysql":
+                async with conn.cursor() as cursor:
+                    await cursor.execute("SELECT * FROM relaybox_no_such_table")
+            else:
+                await conn.execute("SELECT * FROM relaybox_no_such_table")
+        except Exception:  # noqa: BLE001 - what such a handler does
+            pass
+
+    consumer = Consumer(handler, inbox=Inbox(consumer="test", table=world.table),
+                        transaction=world.transaction, purge_interval=None)  # fmt: skip
+    message = incoming("swallowed", payload=b'{"n": 1}', key="k1")
+    if world.dialect != "postgresql":
+        assert await consumer.process(message, max_attempts=2) is Processed.APPLIED
+        assert world.effects() == {"swallowed": 1}
+        return
+    with pytest.raises(TransactionLostError, match="transaction had failed"):
+        await consumer.process(message, max_attempts=2)
+    assert await consumer.process(message, max_attempts=2) is Processed.PARKED
+    assert world.effects() == {}
+    ((message_id, reason, attempts, error, _, _),) = world.parked()
+    assert (message_id, reason, attempts) == ("swallowed", "failed", 2)
+    assert error.startswith("TransactionLostError: the handler of 'swallowed' returned")

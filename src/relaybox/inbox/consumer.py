@@ -339,6 +339,7 @@ class Consumer:
             if not await work.record(message):
                 return Processed.DUPLICATE
             await work.call(route.handler, *arguments, work.connection)
+            await work.still_recorded(message)
             return Processed.APPLIED
 
         return await self._in_transaction(apply)

@@ -184,6 +184,15 @@ class Inbox:
             ]
         return [self._step(dialect, style, "claim_watermark", (*where, sequence))]
 
+    def proof(self, message: Incoming) -> tuple[str, tuple[Any, ...]]:
+        """The named statement (and its parameters) that finds the record `record` made
+        for `message`: run in the same transaction after the handler, it finds nothing,
+        or fails, if that transaction failed meanwhile."""
+        lane = None if self.mode == "id" else self._lane(message)
+        if lane is None:
+            return "recorded_id", (self.consumer, message.id)
+        return "recorded_watermark", (self.consumer, message.source, lane, message.sequence)
+
     def _lane(self, message: Incoming | str) -> str | None:
         """The watermark's lane for `message`; None: a keyless message, checked by id."""
         if isinstance(message, str) or message.sequence is None:

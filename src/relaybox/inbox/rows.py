@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from relaybox.core.incoming import Incoming
+from relaybox.errors import TransactionLostError
 from relaybox.inbox.inbox import Inbox, statement
 from relaybox.writer.connections import Channel, async_channel, sync_channel
 
@@ -110,6 +111,27 @@ class Work:
         if self.sync:
             return self.inbox.record(self.connection, message)
         return await self.inbox.record_async(self.connection, message)
+
+    async def still_recorded(self, message: Incoming) -> None:
+        """Raise `TransactionLostError` unless this transaction still holds the record
+        `record` made for `message`: on PostgreSQL an error that the handler caught
+        aborts the transaction, and its commit then rolls back, effects and record
+        alike, which would acknowledge a message whose effects never happened."""
+        name, params = self.inbox.proof(message)
+        try:
+            rows = await self.fetch(name, *params)
+        except Exception as error:
+            raise TransactionLostError(
+                f"the handler of {message.id!r} returned, but its transaction had failed "
+                f"({type(error).__name__}: {error}): an error it caught aborted it, so "
+                "nothing it did is kept; let such errors out of the handler"
+            ) from error
+        if not rows:
+            raise TransactionLostError(
+                f"the handler of {message.id!r} returned, but its transaction no longer "
+                "holds the message's record (rolled back by the database meanwhile): "
+                "nothing it did is kept"
+            )
 
     async def purge(self) -> int:
         """The inbox's purge of expired ids (`Inbox.purge`)."""

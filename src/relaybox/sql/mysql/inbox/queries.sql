@@ -23,6 +23,16 @@ ON DUPLICATE KEY UPDATE sequence = sequence;
 UPDATE {table}_watermarks SET sequence = %s, updated_at = CURRENT_TIMESTAMP(6)
 WHERE consumer = %s AND source = %s AND lane = %s AND sequence < %s;
 
+-- name: recorded_id
+-- consumer, message id. Run after the handler, in its transaction: the record the check
+-- made is still there unless the transaction failed meanwhile.
+SELECT 1 FROM {table} WHERE consumer = %s AND message_id = %s;
+
+-- name: recorded_watermark
+-- consumer, source, lane, sequence. As recorded_id, for the watermark the check moved.
+SELECT 1 FROM {table}_watermarks
+WHERE consumer = %s AND source = %s AND lane = %s AND sequence >= %s;
+
 -- name: purge
 -- consumer, seconds of retention, batch size.
 DELETE FROM {table}

@@ -13,6 +13,16 @@ ON CONFLICT (consumer, source, lane)
 DO UPDATE SET sequence = excluded.sequence, updated_at = now()
 WHERE w.sequence < excluded.sequence;
 
+-- name: recorded_id
+-- consumer, message id. Run after the handler, in its transaction: the record the check
+-- made is still there unless the transaction failed meanwhile.
+SELECT 1 FROM {table} WHERE consumer = $1 AND message_id = $2;
+
+-- name: recorded_watermark
+-- consumer, source, lane, sequence. As recorded_id, for the watermark the check moved.
+SELECT 1 FROM {table}_watermarks
+WHERE consumer = $1 AND source = $2 AND lane = $3 AND sequence >= $4;
+
 -- name: purge
 -- consumer, seconds of retention, batch size.
 DELETE FROM {table}

@@ -15,6 +15,16 @@ DO UPDATE SET sequence = excluded.sequence,
               updated_at = strftime('%Y-%m-%d %H:%M:%f', 'now')
 WHERE sequence < excluded.sequence;
 
+-- name: recorded_id
+-- consumer, message id. Run after the handler, in its transaction: the record the check
+-- made is still there unless the transaction failed meanwhile.
+SELECT 1 FROM {table} WHERE consumer = ? AND message_id = ?;
+
+-- name: recorded_watermark
+-- consumer, source, lane, sequence. As recorded_id, for the watermark the check moved.
+SELECT 1 FROM {table}_watermarks
+WHERE consumer = ? AND source = ? AND lane = ? AND sequence >= ?;
+
 -- name: purge
 -- consumer, seconds of retention, batch size.
 DELETE FROM {table}
