@@ -155,6 +155,14 @@ async def test_a_publisher_that_raises_or_miscounts_fails_transiently() -> None:
     await delivery(Broken()).run([stored(1, "a")], settlement)
     assert [f.error for f in settlement.failed] == ["publisher returned a wrong number of results"]
 
+    class Nothing(MemoryPublisher):
+        async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
+            return None  # type: ignore[return-value]
+
+    settlement = Settlement()
+    await delivery(Nothing()).run([stored(1, "a")], settlement)
+    assert [f.error for f in settlement.failed] == ["publisher returned a wrong number of results"]
+
 
 async def test_lost_lease_stops_further_waves() -> None:
     publisher = Recorder({})

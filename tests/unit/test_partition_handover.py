@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import uuid
+from collections.abc import Sequence
 
 import pytest
 
 from relaybox import Relay
-from relaybox.core.records import Claim, StoredMessage
+from relaybox.core.publishing import PublishResult
+from relaybox.core.records import Claim, Routing, StoredMessage
+from relaybox.errors import StorageOperationalError
 from relaybox.publishers.memory import MemoryPublisher
 from relaybox.relay import partition_leases
 from relaybox.storage.memory import MemoryStorage
-from tests.relay_support import eventually, fast_settings
+from tests.relay_support import eventually, fast_settings, messages
 
 
 def row(partition: int) -> StoredMessage:
@@ -98,3 +102,59 @@ async def test_the_heartbeats_go_on_after_an_unexpected_error(
         await eventually(lambda: processor.metrics.heartbeats >= 3)
     assert calls >= 4
     assert "heartbeat failed" in caplog.text
+
+
+async def test_after_a_failed_heartbeat_only_partitions_with_rows_in_flight_are_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A heartbeat that fails may have given partitions back before its answer was
+    lost, and another relay may take them at once: until one succeeds, the relay reads
+    only the partitions it has rows in flight in, which no heartbeat gives back."""
+    storage = MemoryStorage()
+    relay = Relay(storage, {"default": MemoryPublisher()}, settings=fast_settings())
+    async with relay:
+        (processor,) = relay.processors
+        await eventually(lambda: len((processor.partitions or {}).get("default", ())) == 8)
+        batch = Claim("", processor.worker, [row(3)])
+        processor._launched(batch)  # rows in flight in partition 3
+        beat = storage.heartbeat
+        failed: list[bool] = []
+
+        async def lost(*args: object, **kwargs: object) -> object:
+            failed.append(True)
+            raise StorageOperationalError("the answer was lost")
+
+        monkeypatch.setattr(storage, "heartbeat", lost)
+        await eventually(lambda: bool(failed))
+        assert (processor.partitions or {}).get("default") == frozenset({3})
+        monkeypatch.setattr(storage, "heartbeat", beat)
+        processor._finished(batch)
+        await eventually(lambda: len((processor.partitions or {}).get("default", ())) == 8)
+
+
+async def test_a_publisher_bug_mid_batch_keeps_what_was_confirmed_before_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The second wave of a batch breaks in the relay (the publisher answered with
+    something that is no result): the first wave's confirmed message is settled, not
+    published again, and the rest comes again in order."""
+
+    class Glitch(MemoryPublisher):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
+            self.calls += 1
+            if self.calls == 2:
+                return [None] * len(messages)  # type: ignore[list-item]
+            return await super().publish(messages)
+
+    storage, publisher = MemoryStorage(), Glitch()
+    await storage.write(Routing.of(["default"], None).rows(messages(["k"], per_key=3)))
+    relay = Relay(storage, {"default": publisher}, settings=fast_settings())
+    async with relay:
+        await eventually(lambda: len(publisher.published) >= 3)
+        await asyncio.sleep(0.2)
+    assert [json.loads(m.payload)["n"] for m in publisher.published] == [0, 1, 2]
+    assert "publishing a batch failed" in caplog.text

@@ -265,7 +265,7 @@ class Delivery:
             logger.warning("publish to target %s raised %s", target, mask_url(repr(error)),
                            extra={"action": "publish_error", "target": target})  # fmt: skip
             results = [transient(f"{type(error).__name__}: {error}")] * len(batch)
-        if len(results) != len(batch):
+        if not isinstance(results, Sequence) or len(results) != len(batch):
             results = [transient("publisher returned a wrong number of results")] * len(batch)
         return results, self._count(target, batch, results, started)
 

@@ -233,6 +233,8 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
             except asyncio.CancelledError:
                 await self._settle(settlement)
                 raise
+            except Exception:  # a publisher's bug: what the brokers confirmed is settled
+                logger.exception("publishing a batch failed", extra={"action": "publish_failed"})
             if await self._settle(settlement):
                 held_back = self._delivery.held_back(batch.messages, settlement)
         finally:
@@ -383,6 +385,14 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
             last_ok = self._renewed_at.get(target, begun)
             if time.monotonic() - last_ok > settings.partition_lease_seconds * 0.9:
                 self._assign(target, frozenset())  # others may own them by now
+            else:
+                # It may have failed after giving partitions back (a commit whose answer
+                # was lost): those had nothing in flight, and another relay may take
+                # them at once. Until a heartbeat succeeds, read only partitions with
+                # rows in flight, which no heartbeat gives back.
+                held = (self.partitions or {}).get(target, frozenset())
+                self._assign(target, held & self._flight.partitions(target))
+                self._sharing = True  # the next heartbeat comes soon
         else:
             self.metrics.heartbeats += 1
             self._renewed_at[target] = started
