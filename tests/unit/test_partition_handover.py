@@ -158,3 +158,25 @@ async def test_a_publisher_bug_mid_batch_keeps_what_was_confirmed_before_it(
         await asyncio.sleep(0.2)
     assert [json.loads(m.payload)["n"] for m in publisher.published] == [0, 1, 2]
     assert "publishing a batch failed" in caplog.text
+
+
+async def test_the_claim_loop_goes_on_after_an_unexpected_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    storage, publisher = MemoryStorage(), MemoryPublisher()
+    read = storage.read
+    calls = 0
+
+    async def flaky(**kwargs: object) -> list[StoredMessage]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug")
+        return await read(**kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(storage, "read", flaky)
+    await storage.write(Routing.of(["default"], None).rows(messages(["k"], per_key=2)))
+    async with Relay(storage, {"default": publisher}, settings=fast_settings()):
+        await eventually(lambda: len(publisher.published) == 2)
+    assert calls >= 2
+    assert "claim failed" in caplog.text

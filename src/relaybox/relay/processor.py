@@ -331,6 +331,11 @@ class Processor(abc.ABC, Generic[P]):
                 logger.warning("claim failed: %s", error, extra={"action": "claim_error"})
                 waker.found_nothing(looked=False)
                 continue
+            except Exception:  # a surprise: logged, and the next claim comes after a pause
+                self._slots.release()
+                logger.exception("claim failed", extra={"action": "claim_error"})
+                waker.found_nothing(looked=False)
+                continue
             if claim is None or not claim.messages:
                 self._slots.release()
                 waker.found_nothing(looked=claim is not None)
