@@ -7,6 +7,7 @@ that guard as it is."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import uuid
@@ -15,11 +16,12 @@ from collections.abc import Sequence
 import pytest
 
 from relaybox import Relay
-from relaybox.core.publishing import PublishResult
-from relaybox.core.records import Claim, Routing, StoredMessage
+from relaybox.core.publishing import ACKED, PublishResult
+from relaybox.core.records import Claim, Routing, Settled, StoredMessage
 from relaybox.errors import StorageOperationalError
 from relaybox.publishers.memory import MemoryPublisher
 from relaybox.relay import partition_leases
+from relaybox.relay import processor as processor_module
 from relaybox.storage.memory import MemoryStorage
 from tests.relay_support import eventually, fast_settings, messages
 
@@ -180,3 +182,60 @@ async def test_the_claim_loop_goes_on_after_an_unexpected_error(
         await eventually(lambda: len(publisher.published) == 2)
     assert calls >= 2
     assert "claim failed" in caplog.text
+
+
+async def test_a_settle_stopped_between_its_tries_is_tried_once_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The database refuses a batch's settle, and the relay is stopped in the pause
+    before the next try: one more try, the batch's task being cancelled, records what
+    the broker confirmed, which is not published again."""
+    storage, publisher = MemoryStorage(), MemoryPublisher()
+    settle = storage.settle
+    refused: list[bool] = []
+
+    async def refusing(*args: object, **kwargs: object) -> Settled:
+        task = asyncio.current_task()
+        if task is None or not task.cancelling():  # only a try made once stopped passes
+            refused.append(True)
+            raise StorageOperationalError("the database is away")
+        return await settle(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(storage, "settle", refusing)
+    await storage.write(Routing.of(["default"], None).rows(messages(["k"], per_key=1)))
+    async with Relay(storage, {"default": publisher}, settings=fast_settings(shutdown_timeout=0.2)):
+        await eventually(lambda: len(publisher.published) == 1 and bool(refused))
+    assert (await storage.stats()).counts == {}  # settled: nothing left to publish again
+
+
+async def test_a_batch_that_outlives_its_cancel_publishes_nothing_once_partitions_are_given_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A publish that ignores the stop's cancel and answers after the relay has given its
+    partitions back: the batch's next wave does not go out (another relay may own those
+    rows by now)."""
+    monkeypatch.setattr(processor_module, "STOP_GRACE", 0.2)
+
+    class Stubborn(MemoryPublisher):
+        calls = 0
+        sent: list[StoredMessage] = []
+
+        async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
+            self.calls += 1
+            if self.calls == 1:  # deaf to every cancel, it answers after the stop
+                until = asyncio.get_running_loop().time() + 1.0
+                while (left := until - asyncio.get_running_loop().time()) > 0:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.sleep(left)
+            self.sent.extend(messages)
+            return [ACKED] * len(messages)
+
+    storage, publisher = MemoryStorage(), Stubborn()
+    await storage.write(Routing.of(["default"], None).rows(messages(["k"], per_key=2)))
+    relay = Relay(storage, {"default": publisher}, settings=fast_settings(shutdown_timeout=0.1))
+    await relay.start()
+    await eventually(lambda: publisher.calls == 1)
+    await relay.stop()  # gives the partitions back before the publish answers
+    assert publisher.sent == []
+    await asyncio.sleep(1.5)  # the batch's task answers, and would send its next wave
+    assert [json.loads(m.payload)["n"] for m in publisher.sent] == [0]

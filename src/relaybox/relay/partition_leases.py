@@ -121,6 +121,9 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         return bool(self._db.claims.reads_behind_in_flight)
 
     async def _left(self) -> None:
+        # A batch still running now (it outlived its cancel) publishes nothing more: the
+        # partitions are given back.
+        self._held_until = 0.0
         with contextlib.suppress(RelayboxError):
             await self._db.housekeeping.leave(self.worker)
 
@@ -235,7 +238,14 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
                 raise
             except Exception:  # a publisher's bug: what the brokers confirmed is settled
                 logger.exception("publishing a batch failed", extra={"action": "publish_failed"})
-            if await self._settle(settlement):
+            try:
+                recorded = await self._settle(settlement)
+            except asyncio.CancelledError:
+                # Stopped while settling (in a pause between tries): one more try now,
+                # so that what the brokers confirmed is not published again.
+                await self._settle(settlement)
+                raise
+            if recorded:
                 held_back = self._delivery.held_back(batch.messages, settlement)
         finally:
             batch.finish(held_back)

@@ -29,6 +29,7 @@ from types import FrameType
 from relaybox.errors import RelayboxError
 from relaybox.relay import loops
 from relaybox.relay.engine import Relay, _Subscribable
+from relaybox.relay.processor import STOP_GRACE
 
 
 class RelayThread:
@@ -102,10 +103,15 @@ class RelayThread:
         self._stop_in_time()
 
     def _stop_in_time(self) -> None:
-        """Stop within the relay's shutdown timeout, and a little more for closing its
-        connections: the process is ending, and must not hang on a broker."""
+        """Stop within the relay's shutdown timeout, the graces of the stop's later
+        steps (cancelling what is left, writing the activity, giving the partitions
+        back) and a little more for closing its connections: the process is ending,
+        and must not hang on a broker."""
         relay = self.relay
-        self.stop(None if relay is None else relay.settings.shutdown_timeout + 5.0)
+        if relay is None:
+            self.stop(None)
+            return
+        self.stop(relay.settings.shutdown_timeout + 3 * STOP_GRACE + 2.0)
 
     def _stop_on_sigterm(self) -> None:
         """In the main thread, if SIGTERM has its default action (which ends the
