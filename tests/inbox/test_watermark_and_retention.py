@@ -176,3 +176,20 @@ def age(world: InboxWorld, consumer: str, *, hours: int, exclude: str = "") -> N
         f"UPDATE {world.table} SET processed_at = {moment} "
         f"WHERE consumer = '{consumer}' AND message_id <> '{exclude}'"
     )
+
+
+async def test_a_message_the_watermark_cannot_place_is_parked_once(world: InboxWorld) -> None:
+    """A keyed message without a sequence (or, by partition, without a partition) would
+    fail the same way at every delivery: it is parked as invalid at once, recorded by
+    its id, and its copies are duplicates."""
+    for scope, message in (
+        ("key", incoming("no-seq", key="k1", partition=1)),
+        ("partition", incoming("no-partition", key="k1", sequence=5)),
+    ):
+        consumer = world.consumer(name=scope, mode="watermark", scope=scope)
+        assert await consumer.process(message) is Processed.PARKED
+        assert await consumer.process(message) is Processed.DUPLICATE
+        ((message_id, reason, attempts, error, _, status),) = world.parked(scope)
+        assert (message_id, reason, attempts, status) == (message.id, "invalid", 0, "parked")
+        assert "watermark inbox" in error
+        assert world.effects(scope) == {}

@@ -327,6 +327,11 @@ class Consumer:
                     "it is redelivered until a consumer with one takes it"
                 )
             raise _Poison("unknown_type", f"no handler for type {message.type!r}")
+        if self.inbox.mode == "watermark":
+            try:  # a message the watermark cannot place would fail the same way forever
+                self.inbox.proof(message)
+            except InboxError as error:
+                raise _Poison("invalid", str(error)) from None
         try:
             return route, route.arguments(message)
         except EnvelopeError as error:
@@ -392,7 +397,11 @@ class Consumer:
         key = (self.inbox.consumer, message.id)
 
         async def park(work: Work) -> Processed:
-            if not await work.record(message):
+            try:
+                first = await work.record(message)
+            except InboxError:  # the watermark cannot place it: recorded by its id
+                first = await work.record_id(message)
+            if not first:
                 return Processed.DUPLICATE
             params = parked.park_params(self.inbox.consumer, message, reason, error, attempts)
             await work.execute("park", *params)

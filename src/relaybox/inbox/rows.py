@@ -112,6 +112,12 @@ class Work:
             return self.inbox.record(self.connection, message)
         return await self.inbox.record_async(self.connection, message)
 
+    async def record_id(self, message: Incoming) -> bool:
+        """Record `message` by its id alone, whatever the inbox's mode (a message the
+        watermark cannot place, parked): True for the first copy."""
+        count = await self.execute("claim_id", self.inbox.consumer, message.id)
+        return count == 1
+
     async def still_recorded(self, message: Incoming) -> None:
         """Raise `TransactionLostError` unless this transaction still holds the record
         `record` made for `message`: on PostgreSQL an error that the handler caught
