@@ -193,3 +193,34 @@ async def test_a_message_the_watermark_cannot_place_is_parked_once(world: InboxW
         assert (message_id, reason, attempts, status) == (message.id, "invalid", 0, "parked")
         assert "watermark inbox" in error
         assert world.effects(scope) == {}
+
+
+async def test_a_failure_whose_attempt_cannot_be_counted_is_retried_in_place(
+    world: InboxWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler fails while the database is away, so its attempt cannot be counted
+    either: handed back to the broker, the message could be overtaken by the next of
+    its lane, which would move the mark past it. The watermark consumer tries it again
+    in place until it is applied."""
+    failures = [RuntimeError("the database is away")]
+
+    async def away(message: Incoming) -> None:
+        if failures:
+            raise failures.pop()
+
+    consumer = world.consumer(mode="watermark", before_effect=away)
+    consumer.retry_delay = 0.01
+    count = consumer._count
+    refused: list[bool] = []
+
+    async def cannot_count(message: Incoming, error: BaseException | None) -> int:
+        if error is not None and not refused:
+            refused.append(True)
+            raise error
+        return await count(message, error)
+
+    monkeypatch.setattr(consumer, "_count", cannot_count)
+    message = incoming("m5", key="k1", partition=1, sequence=5)
+    assert await consumer.process(message) is Processed.APPLIED
+    assert refused == [True]
+    assert world.effects() == {"m5": 1}

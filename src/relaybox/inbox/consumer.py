@@ -293,17 +293,17 @@ class Consumer:
                 return await self._park(message, "invalid", str(error), counted or 1)
             except Exception as error:
                 self.failures += 1
-                attempt = counted if counted is not None else await self._count(message, error)
+                attempt = counted if counted is not None else await self._failed(message, error)
                 counted = None
-                if attempt >= max_attempts:
+                if attempt is not None and attempt >= max_attempts:
                     return await self._park(message, "failed", _describe(error), attempt)
                 if not self.retry_in_place:
                     raise
                 delay = pauses.delay(failures)
                 logger.exception(
-                    "handler failed for %s (attempt %d of %d); retrying in %.1fs",
-                    message.id, attempt, max_attempts, delay,
-                    extra={"action": "handler_retry", "message_id": message.id},
+                    "handler failed for %s (attempt %s of %d); retrying in %.1fs",
+                    message.id, "not counted" if attempt is None else attempt, max_attempts,
+                    delay, extra={"action": "handler_retry", "message_id": message.id},
                 )  # fmt: skip
                 await asyncio.sleep(delay)
         if outcome is Processed.APPLIED:
@@ -359,6 +359,18 @@ class Consumer:
         )  # fmt: skip
 
     # -- attempts and parking ---------------------------------------------------------
+
+    async def _failed(self, message: Incoming, error: BaseException) -> int | None:
+        """Count a failed attempt; its number. Where it cannot be counted (the database
+        is away too), `error` is raised, unless the message is retried in place: handed
+        back, it could be overtaken by the next of its lane, which would move the mark
+        past it. It is tried again here then, this attempt not counted (None)."""
+        try:
+            return await self._count(message, error)
+        except Exception:
+            if not self.retry_in_place:
+                raise
+            return None
 
     async def _count(self, message: Incoming, error: BaseException | None) -> int:
         """Count an attempt of `message` in the database; its number. An attempt that
