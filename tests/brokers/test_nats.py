@@ -32,6 +32,7 @@ from relaybox.core.records import StoredMessage
 from relaybox.errors import BrokerUnavailableError, ConfigurationError
 from relaybox.publishers import nats_protocol, open_publisher
 from relaybox.publishers.nats import NatsPublisher, wire_headers, wire_size
+from relaybox.tools import embedded_nats
 from relaybox.tools.bench_raw import nats as bench_nats
 from relaybox.tools.bench_raw.nats import stream_name
 from relaybox.tools.embedded_nats import EmbeddedNats
@@ -558,3 +559,23 @@ async def test_a_relay_abandons_stored_rows_with_a_spoofed_message_id(
 
 
 FINAL = (Status.PUBLISHED, Status.ABANDONED)
+
+
+def test_an_embedded_server_whose_port_was_taken_starts_on_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The free port found can be taken before the server binds it (by tests running
+    beside it): the server exits at once, and a first start tries another port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1]])
+        free = embedded_nats._free_port
+        monkeypatch.setattr(embedded_nats, "_free_port", lambda: next(ports, None) or free())
+        server = EmbeddedNats().start()
+        try:
+            assert server.port != taken.getsockname()[1]
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5):
+                pass
+        finally:
+            server.stop()

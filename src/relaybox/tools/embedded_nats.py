@@ -28,6 +28,10 @@ from relaybox.errors import BrokerUnavailableError, ConfigurationError
 #: How long the server may take to listen, and to exit after SIGTERM.
 _START_SECONDS = 15.0
 _STOP_SECONDS = 5.0
+#: Ports tried by a first start: the free port found may be taken by another process
+#: before the server binds it (tests running side by side do that), and the server
+#: then exits at once.
+_START_TRIES = 3
 
 
 def find_binary() -> str:
@@ -90,26 +94,43 @@ class EmbeddedNats:
         if self.store_dir is None:
             self.store_dir = Path(tempfile.mkdtemp(prefix="relaybox-nats-"))
             self.port = _free_port()
-        command = [binary, "-a", "127.0.0.1", "-p", str(self.port)]
-        command += ["-js"] if self._jetstream else []
-        command += ["-sd", str(self.store_dir), *self._args]
-        self._process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        try:
-            self._wait_listening(self._process)
-        except BaseException:
-            # A first start that fails leaves nothing behind; a restart keeps the store.
-            if fresh:
-                self.stop()
-            else:
-                self.halt()
-            raise
-        return self
+        for attempt in range(1, _START_TRIES + 1):
+            command = [binary, "-a", "127.0.0.1", "-p", str(self.port)]
+            command += ["-js"] if self._jetstream else []
+            # The ports file (written once the server listens, named by its pid) says
+            # the listener on the port is this process's, not another's.
+            command += ["-sd", str(self.store_dir), "--ports_file_dir", str(self.store_dir)]
+            command += self._args
+            self._process = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            try:
+                self._wait_listening(self._process)
+                return self
+            except BrokerUnavailableError:
+                exited = self._process.poll() is not None
+                if not (fresh and exited and attempt < _START_TRIES):
+                    self._failed(fresh)
+                    raise
+                self.halt()  # another port, the store still empty
+                self.port = _free_port()
+            except BaseException:
+                self._failed(fresh)
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    def _failed(self, fresh: bool) -> None:
+        """A first start that fails leaves nothing behind; a restart keeps the store."""
+        if fresh:
+            self.stop()
+        else:
+            self.halt()
 
     def _wait_listening(self, process: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + _START_SECONDS
-        while not _listening(self.port):
+        assert self.store_dir is not None
+        ours = f"*_{process.pid}.ports"
+        while not (any(self.store_dir.glob(ours)) and _listening(self.port)):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise BrokerUnavailableError(
                     f"nats-server did not start on port {self.port} (exit code {process.poll()})"
