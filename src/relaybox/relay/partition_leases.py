@@ -341,12 +341,18 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
                 for target in self._targets:
                     # A target whose broker the relay has not reached yet is left to the
                     # relays that have: it joins that target's share once connected.
-                    if not self._circuits[target].held:
+                    if self._circuits[target].held:
+                        continue
+                    try:
                         await self._heartbeat(target, begun)
-            except Exception:
-                # Whatever went wrong, the next heartbeat comes: without heartbeats the
-                # partitions lapse, and every publish would stop at its lease's end.
-                logger.exception("heartbeat failed", extra={"action": "heartbeat"})
+                    except Exception:
+                        # Whatever went wrong, the other targets and the next heartbeat
+                        # go on: without heartbeats the partitions lapse, and every
+                        # publish would stop at its lease's end.
+                        logger.exception(
+                            "heartbeat failed for target %s", target,
+                            extra={"action": "heartbeat", "target": target},
+                        )  # fmt: skip
             finally:
                 self._between_heartbeats.set()
             await self._pause_for(self._pause(begun))

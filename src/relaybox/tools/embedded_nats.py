@@ -94,7 +94,9 @@ class EmbeddedNats:
         if self.store_dir is None:
             self.store_dir = Path(tempfile.mkdtemp(prefix="relaybox-nats-"))
             self.port = _free_port()
-        for attempt in range(1, _START_TRIES + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             command = [binary, "-a", "127.0.0.1", "-p", str(self.port)]
             command += ["-js"] if self._jetstream else []
             # The ports file (written once the server listens, named by its pid) says
@@ -105,7 +107,7 @@ class EmbeddedNats:
                 command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )
             try:
-                self._wait_listening(self._process)
+                self._wait_listening(self._process, self.store_dir)
                 return self
             except BrokerUnavailableError:
                 exited = self._process.poll() is not None
@@ -117,7 +119,6 @@ class EmbeddedNats:
             except BaseException:
                 self._failed(fresh)
                 raise
-        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     def _failed(self, fresh: bool) -> None:
         """A first start that fails leaves nothing behind; a restart keeps the store."""
@@ -126,11 +127,10 @@ class EmbeddedNats:
         else:
             self.halt()
 
-    def _wait_listening(self, process: subprocess.Popen[bytes]) -> None:
+    def _wait_listening(self, process: subprocess.Popen[bytes], ports_dir: Path) -> None:
         deadline = time.monotonic() + _START_SECONDS
-        assert self.store_dir is not None
         ours = f"*_{process.pid}.ports"
-        while not (any(self.store_dir.glob(ours)) and _listening(self.port)):
+        while not (any(ports_dir.glob(ours)) and _listening(self.port)):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise BrokerUnavailableError(
                     f"nats-server did not start on port {self.port} (exit code {process.poll()})"
