@@ -166,6 +166,28 @@ async def test_by_default_three_batches_go_in_flight_where_reads_go_behind_them(
     assert publisher.most == expected
 
 
+@pytest.mark.parametrize("max_in_flight", [None, 2])
+async def test_relays_sharing_the_partitions_keep_their_share_of_batches_in_flight(
+    db: OutboxDB, max_in_flight: int | None
+) -> None:
+    """Unset, max_in_flight is a fleet's: two relays holding half the partitions each
+    keep one batch in flight each (half of 3 or 2, rounded down). Set, each keeps it."""
+    first, second = _HeldCalls(), _HeldCalls()
+    settings = fast_settings(batch_size=5, max_in_flight=max_in_flight)
+    async with relay_of(db, first, settings) as a, relay_of(db, second, settings) as b:
+        held = lambda: [len((r.processors[0].partitions or {}).get("default", ())) for r in (a, b)]  # noqa: E731
+        await eventually(lambda: held() == [4, 4], timeout=20)
+        await db.write(messages([f"k{i}" for i in range(80)], per_key=1))
+        expected = 1 if max_in_flight is None else max_in_flight
+        await eventually(lambda: (first.waiting, second.waiting) == (expected, expected))
+        await asyncio.sleep(0.3)  # room for a claim the share should not let in
+        assert (first.most, second.most) == (expected, expected)
+        assert [r.processors[0].in_flight_now for r in (a, b)] == [expected] * 2
+        first.release.set()
+        second.release.set()
+        await eventually(lambda: len(first.published) + len(second.published) == 80)
+
+
 async def test_no_claim_walks_a_deep_backlog_while_its_keys_are_in_flight(db: OutboxDB) -> None:
     """Few keys, many rows each: every batch holds the head of every key, so a second
     claim beside it could take nothing (and would scan the whole backlog to learn it).

@@ -283,3 +283,13 @@ def test_the_documented_options_are_those_of_the_code(tmp_path: Path) -> None:
     assert CliRunner().invoke(main, [*args, "--check"]).exit_code == 1
     assert CliRunner().invoke(main, args).exit_code == 0
     assert stale.read_text(encoding="utf-8") == text
+
+
+def test_a_relay_of_a_fleet_keeps_its_share_of_the_batches_in_flight() -> None:
+    """Unset, max_in_flight shrinks with the share of partitions held, rounded down and
+    never under one; holding every partition, or set, it is the whole limit."""
+    unset, set_ = RelaySettings(), RelaySettings(max_in_flight=3)
+    assert [unset.in_flight_share(3, share) for share in (1.0, 0.99, 0.5, 0.34, 0.25, 0.0)] == [
+        3, 2, 1, 1, 1, 1]  # fmt: skip
+    assert [unset.in_flight_share(2, share) for share in (1.0, 0.5, 0.25)] == [2, 1, 1]
+    assert [set_.in_flight_share(3, share) for share in (1.0, 0.5, 0.25)] == [3, 3, 3]

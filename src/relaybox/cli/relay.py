@@ -189,7 +189,7 @@ _CIRCUIT = _DEFAULTS.circuit
 )  # fmt: skip
 @click.option(
     "--max-in-flight", type=click.IntRange(min=1), default=_DEFAULTS.max_in_flight,
-    show_default="3 on PostgreSQL, 2 on MySQL and SQLite",
+    show_default="3 on PostgreSQL, 2 on MySQL and SQLite; in a fleet, each relay's share",
     help="Batches being published at once.",
 )  # fmt: skip
 @click.option(

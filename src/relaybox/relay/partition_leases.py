@@ -459,8 +459,16 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
             # Holding all of them, a read takes no partition filter.
             held_all = len(partitions) >= self._settings.partitions
             self._scope[target] = None if held_all else sorted(partitions)
+            self._share_in_flight()
             self.wake()
         self._claiming.set()
+
+    def _share_in_flight(self) -> None:
+        """Go as many batches deep as this relay's share of the partitions suits: the
+        largest share it holds of any target's."""
+        count = self._settings.partitions
+        share = max((len(held) / count for held in (self.partitions or {}).values()), default=0)
+        self.in_flight_now = self._settings.in_flight_share(self.max_in_flight, share)
 
     # -- targets nobody serves ---------------------------------------------------------
 

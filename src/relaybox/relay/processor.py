@@ -110,6 +110,9 @@ class Processor(abc.ABC, Generic[P]):
         #: Batches in flight at most.
         self.max_in_flight = settings.in_flight_limit(self._reads_behind_in_flight())
         self._slots = asyncio.Semaphore(self.max_in_flight)
+        #: Batches in flight at most for now: `max_in_flight`, or fewer while this relay
+        #: is one of a fleet (`RelaySettings.in_flight_share`).
+        self.in_flight_now = self.max_in_flight
         self._delivery = Delivery(
             publishers, circuits, settings.retry, settings.publish_timeout,
             hold_keys=settings.hold_keys,
@@ -318,7 +321,9 @@ class Processor(abc.ABC, Generic[P]):
             if self._stopping.is_set():  # stop() came while we waited for a slot
                 self._slots.release()
                 return
-            if pacing.wait_for_a_settle(bool(self._deliveries)):
+            if len(self._deliveries) >= self.in_flight_now or pacing.wait_for_a_settle(
+                bool(self._deliveries)
+            ):
                 self._slots.release()
                 self._settled.clear()
                 await self._settled.wait()

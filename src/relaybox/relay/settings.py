@@ -20,7 +20,8 @@ class RelaySettings:
     #: its own comes alone. A relay holds at most `max_in_flight` claims.
     max_claim_bytes: int = 8 * 1024 * 1024
     #: Claimed batches being published at once: the window of unacknowledged sends.
-    #: None: as the database's reads suit (`in_flight_limit`).
+    #: None: as the database's reads suit (`in_flight_limit`), and in a fleet, this
+    #: relay's share of it (`in_flight_share`).
     max_in_flight: int | None = None
     #: How long a claim (and a partition) stays ours without renewal.
     lease_seconds: float = 30.0
@@ -105,6 +106,21 @@ class RelaySettings:
         if self.max_in_flight is not None:
             return self.max_in_flight
         return 3 if reads_behind else 2
+
+    def in_flight_share(self, limit: int, share: float) -> int:
+        """How many of `limit` batches go in flight while a relay holds `share` (0 to 1)
+        of the partitions: all of them if `max_in_flight` is set or the relay holds
+        every partition; else the share of `limit`, rounded down, at least one.
+
+        A fleet keeps about as many batches in flight as one relay would. Every read
+        walks the live rows from the oldest, and the rows in flight, the whole fleet's,
+        are the oldest: with every relay three batches deep, each read of a fleet of
+        four walks past twelve batches, and the database does that work for every
+        batch. On one machine, two relays with one batch each drained faster than two
+        with two or three each, and four likewise (docs/benchmarks.md, Fleets)."""
+        if self.max_in_flight is not None or share >= 1.0:
+            return limit
+        return max(1, int(limit * share))
 
     @property
     def partition_lease_seconds(self) -> float:

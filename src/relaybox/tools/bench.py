@@ -906,6 +906,11 @@ def _settings(options: BenchOptions, url: DatabaseUrl) -> dict[str, Any]:
         f"{writer}, one message per transaction, Outbox(notify=False); the relay is "
         "woken by Relay.attach (in-process commit announcements)"
     )
+    if options.relays > 1 and relay.max_in_flight is None:
+        settings["relay"]["in_flight_each"] = (
+            "max_in_flight times the share of the partitions a relay holds, rounded "
+            "down, at least 1"
+        )
     if options.cross_process:
         settings["relay"]["lifetime"] = (
             f"`relaybox relay` processes ({options.relays} for each drain, started on the "
