@@ -8,7 +8,8 @@ The commit's fsync dominates, and its latency drifts a lot on this VM's disk (st
 time, neighbours), so separate runs per variant are not comparable. Each client
 therefore alternates the variants transaction by transaction, and each variant's
 throughput is clients / mean transaction time: all see the same disk at the same
-moments. Prints JSON.
+moments. Prints JSON. The tables (and the outbox's functions and type) it made are
+dropped when it ends.
 
 Variants (`--variants`, comma-separated, rotated in that order):
 
@@ -49,8 +50,9 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PG_URL, machine
 
-from relaybox import Message, Outbox
+from relaybox import Message, Outbox, sql
 from relaybox.migrations import migrate
+from relaybox.tools.bench import SIDE_TABLES
 
 OUTBOX, ORDERS, PLAIN = "bench_writer_outbox", "bench_writer_orders", "bench_writer_plain"
 PAYLOAD = {"order_id": 0, "customer": "c-000042", "total": "129.90", "currency": "EUR",
@@ -77,6 +79,17 @@ def setup() -> bytes:
             (outbox_size,) = conn.execute(f"SELECT pg_column_size(t.*) FROM {OUTBOX} t").fetchone()
             (plain_size,) = conn.execute(f"SELECT pg_column_size(t.*) FROM {PLAIN} t").fetchone()
     return b"p" * max(0, outbox_size - plain_size)
+
+
+def teardown() -> None:
+    """Leave the database as the run found it: the outbox's tables, functions and type
+    go, and the two tables beside it."""
+    tables = [OUTBOX, *(f"{OUTBOX}_{side}" for side in SIDE_TABLES), ORDERS, PLAIN]
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {', '.join(tables)}")
+        for function in sql.functions("postgresql", OUTBOX):
+            conn.execute(f"DROP FUNCTION IF EXISTS {function}")
+        conn.execute(f"DROP TYPE IF EXISTS {OUTBOX}_status")
 
 
 def sample_message(key: str) -> Message:
@@ -191,6 +204,15 @@ def main() -> None:
         NOTIFY_SETTINGS["outbox-notify"] = args.notify_interval
     variants = parse_variants(args)
     padding = setup()
+    try:
+        measured = run(args, variants, padding)
+    finally:
+        teardown()
+    print(json.dumps(measured, indent=2))
+
+
+def run(args: argparse.Namespace, variants: list[str], padding: bytes) -> dict[str, Any]:
+    """The clients (and the listener, if a variant notifies), then their report."""
     queue: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
     wakes_queue: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
     ready, stop = multiprocessing.Event(), multiprocessing.Event()
@@ -211,7 +233,7 @@ def main() -> None:
         stop.set()
         wakes = wakes_queue.get()
         watcher.join()
-    print(json.dumps(report(args, variants, padding, parts, wakes), indent=2))
+    return report(args, variants, padding, parts, wakes)
 
 
 def report(

@@ -161,6 +161,7 @@ async def test_by_default_three_batches_go_in_flight_where_reads_go_behind_them(
         await asyncio.sleep(0.2)  # room for a claim the limit should not let in
         assert publisher.most == expected
         assert relay.processors[0].max_in_flight == expected
+        assert relay.processors[0].in_flight_now == expected  # alone: every partition
         publisher.release.set()
         await eventually(lambda: len(publisher.published) == 40)
     assert publisher.most == expected
