@@ -5,8 +5,9 @@ on failure:
 
 1. for each process count N (`--processes`, default 1,2,4), on a backlog of `--messages`
    (default 200,000): N real `relaybox relay` processes (the CLI, no-op broker,
-   published retention 0 = delete on publish, the CLI's other defaults: batch 500, 2
-   batches in flight, partition leases on 64 partitions) drain the backlog; then, after
+   published retention 0 = delete on publish, the CLI's other defaults: batch 500, 3
+   batches in flight, or a relay's share of them in a fleet, partition leases on 64
+   partitions) drain the backlog; then, after
    a refill, the plain claim-and-delete loop of `relaybox bench` (`bench._raw_drain`,
    `DELETE ... WHERE seq IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING ...`) drains
    the same backlog on N connections (one asyncio process, N concurrent loops);
