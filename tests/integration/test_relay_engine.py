@@ -189,6 +189,43 @@ async def test_relays_sharing_the_partitions_keep_their_share_of_batches_in_flig
         await eventually(lambda: len(first.published) + len(second.published) == 80)
 
 
+class _SlowCalls(MemoryPublisher):
+    """Takes `seconds` over each call; counts its calls running at once."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.waiting = 0
+        self.most = 0
+
+    async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
+        self.waiting += 1
+        self.most = max(self.most, self.waiting)
+        try:
+            await asyncio.sleep(self.seconds)
+        finally:
+            self.waiting -= 1
+        return await super().publish(messages)
+
+
+async def test_relays_sharing_the_partitions_go_deeper_when_their_brokers_are_slow(
+    db: OutboxDB,
+) -> None:
+    """A fleet keeps fewer batches in flight only while the database is what they wait
+    for: where each publish takes far longer than a read, two relays holding half the
+    partitions each go as deep as one relay would."""
+    first, second = _SlowCalls(0.25), _SlowCalls(0.25)
+    settings = fast_settings(batch_size=5)
+    async with relay_of(db, first, settings) as a, relay_of(db, second, settings) as b:
+        held = lambda: [len((r.processors[0].partitions or {}).get("default", ())) for r in (a, b)]  # noqa: E731
+        await eventually(lambda: held() == [4, 4], timeout=20)
+        await db.write(messages([f"k{i}" for i in range(160)], per_key=1))
+        await eventually(lambda: len(first.published) + len(second.published) == 160, timeout=30)
+        limit = a.processors[0].max_in_flight
+        assert [r.processors[0].in_flight_now for r in (a, b)] == [limit, limit]
+    assert (first.most, second.most) == (limit, limit)
+
+
 async def test_no_claim_walks_a_deep_backlog_while_its_keys_are_in_flight(db: OutboxDB) -> None:
     """Few keys, many rows each: every batch holds the head of every key, so a second
     claim beside it could take nothing (and would scan the whole backlog to learn it).

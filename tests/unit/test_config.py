@@ -293,3 +293,7 @@ def test_a_relay_of_a_fleet_keeps_its_share_of_the_batches_in_flight() -> None:
         3, 2, 1, 1, 1, 1]  # fmt: skip
     assert [unset.in_flight_share(2, share) for share in (1.0, 0.5, 0.25)] == [2, 1, 1]
     assert [set_.in_flight_share(3, share) for share in (1.0, 0.5, 0.25)] == [3, 3, 3]
+    # Publishes that take longer than reads: as many as fit, within the limit.
+    assert [unset.in_flight_share(3, 0.25, waits) for waits in (0.5, 1.5, 2.0, 9.0)] == [
+        1, 2, 2, 3]  # fmt: skip
+    assert RelaySettings(max_in_flight=2).in_flight_share(2, 0.25, 9.0) == 2

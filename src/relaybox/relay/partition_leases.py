@@ -97,6 +97,10 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         self._short_since: dict[str, float] = {}
         #: Set to run the next heartbeat now (see `_pause_for`).
         self._heartbeat_now = asyncio.Event()
+        #: Seconds a read and a batch's publishing took lately (moving averages; 0 until
+        #: measured): how deep a relay of a fleet goes (`_share_in_flight`).
+        self._read_seconds = 0.0
+        self._publish_seconds = 0.0
         self._claiming.clear()  # until the first heartbeat says which partitions are ours
 
     @property
@@ -160,6 +164,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         budget = settings.max_claim_bytes
         order = list(groups.items())
         first = self._first_group = (self._first_group + 1) % len(order)
+        began = time.monotonic()
         for partitions, group in order[first:] + order[:first]:
             found = await self._db.claims.read(
                 limit=settings.batch_size,
@@ -175,6 +180,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
             budget -= sum(len(m.payload) for m in found)
             if budget <= 0:
                 break
+        self._read_seconds = _moving(self._read_seconds, time.monotonic() - began)
         if len(groups) > 1:
             messages.sort(key=lambda m: m.seq)
         await self._between_heartbeats.wait()
@@ -224,7 +230,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
                 async with asyncio.timeout_at(at) as guard:
                     self._guards.add(guard)
                     try:
-                        await self._publish(batch, settlement)
+                        self._published_in(await self._publish(batch, settlement))
                     finally:
                         self._guards.discard(guard)
             except TimeoutError:
@@ -252,17 +258,22 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
             if held_back:  # this batch and every one in flight beside it
                 self._unfollowed.update(self._flight.batches())
 
-    async def _publish(self, batch: _Batch, settlement: Settlement) -> None:
+    async def _publish(self, batch: _Batch, settlement: Settlement) -> float:
         """Publish `batch`: first the rows of keys no batch ahead of it holds, then,
         once those batches have settled, the rows behind theirs; the rows of keys that
-        may not go on after them are handed back (`released`)."""
+        may not go on after them are handed back (`released`). Returns the seconds it
+        spent publishing (waiting for the batches ahead left out)."""
 
         def ours() -> bool:
             return time.monotonic() < self._held_until
 
+        async def run(messages: Sequence[StoredMessage]) -> float:
+            began = time.monotonic()
+            await self._delivery.run(messages, settlement, ours)
+            return time.monotonic() - began
+
         if not batch.ahead:
-            await self._delivery.run(batch.messages, settlement, ours)
-            return
+            return await run(batch.messages)
         shared = batch.keys & frozenset().union(*(earlier.keys for earlier in batch.ahead))
         first, behind = [], []
         for message in batch.messages:
@@ -270,15 +281,13 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
                 behind.append(message)
             else:
                 first.append(message)
-        if first:
-            await self._delivery.run(first, settlement, ours)
+        spent = await run(first) if first else 0.0
         for earlier in batch.ahead:
             await earlier.settled.wait()
         if stopped := shared & frozenset().union(*(b.held_back for b in batch.ahead)):
             settlement.released.extend(m.seq for m in behind if (m.target, m.key) in stopped)
             behind = [m for m in behind if (m.target, m.key) not in stopped]
-        if behind:
-            await self._delivery.run(behind, settlement, ours)
+        return spent + (await run(behind) if behind else 0.0)
 
     def _guard_margin(self) -> float:
         return min(1.0, self._settings.partition_lease_seconds / 10)
@@ -464,11 +473,16 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         self._claiming.set()
 
     def _share_in_flight(self) -> None:
-        """Go as many batches deep as this relay's share of the partitions suits: the
-        largest share it holds of any target's."""
+        """Go as many batches deep as this relay's share of the partitions suits (the
+        largest share it holds of any target's), or as its brokers' waits need."""
         count = self._settings.partitions
         share = max((len(held) / count for held in (self.partitions or {}).values()), default=0)
-        self.in_flight_now = self._settings.in_flight_share(self.max_in_flight, share)
+        waits = self._publish_seconds / self._read_seconds if self._read_seconds else 0.0
+        self.in_flight_now = self._settings.in_flight_share(self.max_in_flight, share, waits)
+
+    def _published_in(self, seconds: float) -> None:
+        self._publish_seconds = _moving(self._publish_seconds, seconds)
+        self._share_in_flight()
 
     # -- targets nobody serves ---------------------------------------------------------
 
@@ -544,3 +558,8 @@ class _InFlightRows:
         """The partitions of `target` with rows in flight."""
         return frozenset(m.partition for batch in self._batches for m in batch.messages
                          if m.target == target)  # fmt: skip
+
+
+def _moving(average: float, seconds: float) -> float:
+    """A moving average of durations: a fifth of each new one (the first, whole)."""
+    return seconds if not average else average + (seconds - average) / 5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from relaybox.core.activity import ACTIVITY_RETENTION
 from relaybox.core.circuit import CircuitPolicy
@@ -107,20 +108,26 @@ class RelaySettings:
             return self.max_in_flight
         return 3 if reads_behind else 2
 
-    def in_flight_share(self, limit: int, share: float) -> int:
+    def in_flight_share(self, limit: int, share: float, waits: float = 0.0) -> int:
         """How many of `limit` batches go in flight while a relay holds `share` (0 to 1)
         of the partitions: all of them if `max_in_flight` is set or the relay holds
-        every partition; else the share of `limit`, rounded down, at least one.
+        every partition; else the share of `limit`, rounded down, at least one, or, if
+        more, `waits` rounded up (within `limit`): how many reads fit in the time a
+        batch waits for its brokers.
 
         A fleet keeps about as many batches in flight as one relay would. Every read
         walks the live rows from the oldest, and the rows in flight, the whole fleet's,
         are the oldest: with every relay three batches deep, each read of a fleet of
         four walks past twelve batches, and the database does that work for every
         batch. On one machine, two relays with one batch each drained faster than two
-        with two or three each, and four likewise (docs/benchmarks.md, Fleets)."""
+        with two or three each, and four likewise (docs/benchmarks.md, Fleets).
+        That holds while the database is what a batch waits for. Where the brokers are
+        slower than a read (a broker confirming each message, a webhook far away), a
+        relay one batch deep would sit idle through every publish and the fleet would
+        drain no faster than one relay, so each goes as deep as its publishes need."""
         if self.max_in_flight is not None or share >= 1.0:
             return limit
-        return max(1, int(limit * share))
+        return min(limit, max(1, int(limit * share), math.ceil(waits)))
 
     @property
     def partition_lease_seconds(self) -> float:
