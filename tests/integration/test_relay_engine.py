@@ -136,11 +136,14 @@ class _HeldCalls(MemoryPublisher):
         self.most = 0
         self.release = asyncio.Event()
 
+    async def _hold(self) -> None:
+        await self.release.wait()
+
     async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
         self.waiting += 1
         self.most = max(self.most, self.waiting)
         try:
-            await self.release.wait()
+            await self._hold()
         finally:
             self.waiting -= 1
         return await super().publish(messages)
@@ -189,23 +192,15 @@ async def test_relays_sharing_the_partitions_keep_their_share_of_batches_in_flig
         await eventually(lambda: len(first.published) + len(second.published) == 80)
 
 
-class _SlowCalls(MemoryPublisher):
+class _SlowCalls(_HeldCalls):
     """Takes `seconds` over each call; counts its calls running at once."""
 
     def __init__(self, seconds: float) -> None:
         super().__init__()
         self.seconds = seconds
-        self.waiting = 0
-        self.most = 0
 
-    async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
-        self.waiting += 1
-        self.most = max(self.most, self.waiting)
-        try:
-            await asyncio.sleep(self.seconds)
-        finally:
-            self.waiting -= 1
-        return await super().publish(messages)
+    async def _hold(self) -> None:
+        await asyncio.sleep(self.seconds)
 
 
 async def test_relays_sharing_the_partitions_go_deeper_when_their_brokers_are_slow(
