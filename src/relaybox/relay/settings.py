@@ -119,8 +119,8 @@ class RelaySettings:
         walks the live rows from the oldest, and the rows in flight, the whole fleet's,
         are the oldest: with every relay three batches deep, each read of a fleet of
         four walks past twelve batches, and the database does that work for every
-        batch. On one machine, two relays with one batch each drained faster than two
-        with two or three each, and four likewise (docs/benchmarks.md, Fleets).
+        batch. On one machine, four relays one batch deep each drained faster than four
+        three deep, and two one deep as fast as two deep (docs/benchmarks.md, Fleets).
         That holds while the database is what a batch waits for. Where the brokers are
         slower than a read (a broker confirming each message, a webhook far away), a
         relay one batch deep would sit idle through every publish and the fleet would
