@@ -329,7 +329,7 @@ class Consumer:
             raise _Poison("unknown_type", f"no handler for type {message.type!r}")
         if self.inbox.mode == "watermark":
             try:  # a message the watermark cannot place would fail the same way forever
-                self.inbox.proof(message)
+                self.inbox.lane(message)
             except InboxError as error:
                 raise _Poison("invalid", str(error)) from None
         try:

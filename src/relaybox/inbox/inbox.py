@@ -168,12 +168,12 @@ class Inbox:
         if not isinstance(message, str | Incoming):
             raise _not_received(message)
         dialect, style = channel.dialect, channel.style
-        lane = None if self.mode == "id" else self._lane(message)
+        lane = None if self.mode == "id" else self.lane(message)
         if lane is None:
             message_id = message if isinstance(message, str) else message.id
             _check_id(message_id)
             return [self._step(dialect, style, "claim_id", (self.consumer, message_id))]
-        received = cast(Incoming, message)  # _lane refused a bare id
+        received = cast(Incoming, message)  # lane() refused a bare id
         sequence = cast(int, received.sequence)  # and a message without a sequence
         where = (self.consumer, received.source, lane)
         if dialect == "mysql":  # two statements: see sql/mysql/inbox/queries.sql
@@ -188,13 +188,15 @@ class Inbox:
         """The named statement (and its parameters) that finds the record `record` made
         for `message`: run in the same transaction after the handler, it finds nothing,
         or fails, if that transaction failed meanwhile."""
-        lane = None if self.mode == "id" else self._lane(message)
+        lane = None if self.mode == "id" else self.lane(message)
         if lane is None:
             return "recorded_id", (self.consumer, message.id)
         return "recorded_watermark", (self.consumer, message.source, lane, message.sequence)
 
-    def _lane(self, message: Incoming | str) -> str | None:
-        """The watermark's lane for `message`; None: a keyless message, checked by id."""
+    def lane(self, message: Incoming | str) -> str | None:
+        """The watermark's lane for `message`; None: a keyless message, checked by id.
+        `InboxError` if the watermark cannot place it (no sequence, or no partition
+        when scoped by partition)."""
         if isinstance(message, str) or message.sequence is None:
             raise InboxError(
                 "the watermark inbox needs each message's sequence; this one has none (an "
