@@ -37,6 +37,16 @@ def test_without_hints_the_poll_backs_off_to_the_idle_interval() -> None:
     assert not found.fast
 
 
+def paced_empty_reads(found: Waker, clock: Clock, count: int) -> list[float]:
+    """The waits after `count` empty reads in a row, the clock moving by each wait."""
+    waits = []
+    for _ in range(count):
+        found.found_nothing()
+        waits.append(found.delay)
+        clock.now += found.delay
+    return waits
+
+
 def test_a_hint_opens_the_window_and_the_poll_backs_off_after_it() -> None:
     clock = Clock()
     found = waker(clock)
@@ -44,13 +54,34 @@ def test_a_hint_opens_the_window_and_the_poll_backs_off_after_it() -> None:
     found.hint()
     assert found.delay == 0
     assert found.fast
-    # Each empty read in the window waits a quarter longer than the last.
-    assert empty_reads(found, 3) == pytest.approx([0.001, 0.00125, 0.0015625])
-    clock.now += 0.19
-    assert empty_reads(found, 1) == pytest.approx([0.001953125])
+    # An empty read in the window waits a quarter of the time since the hint, at
+    # least the fast interval: 1 ms while that is under 4 ms, then a quarter later
+    # each time.
+    assert paced_empty_reads(found, clock, 7) == pytest.approx(
+        [0.001, 0.001, 0.001, 0.001, 0.001, 0.00125, 0.0015625]
+    )
+    clock.now = 1000.0 + 0.19
+    assert empty_reads(found, 1) == pytest.approx([0.19 / 4])
     clock.now += 0.02  # the window is over: the adaptive poll, doubling from there
     assert not found.fast
-    assert empty_reads(found, 4) == pytest.approx([0.01, 0.02, 0.04, 0.08])
+    assert empty_reads(found, 4) == pytest.approx([0.095, 0.19, 0.38, 0.76])
+
+
+def test_a_steady_stream_keeps_the_fast_interval_through_its_gaps() -> None:
+    """Messages every 2 ms, with now and then a gap of 3 ms: the reads between them
+    stay a millisecond apart, as the last rows are always recent. (Counting empty reads
+    instead made the third read after a 3 ms gap wait 1.56 ms, which was the
+    stream's tail.)"""
+    clock = Clock()
+    found = waker(clock)
+    for gap in [2, 2, 3, 2, 3, 3, 2] * 3:
+        found.found_work(more=False)
+        assert found.delay == 0.001
+        clock.now += 0.001
+        for _ in range(gap - 1):
+            found.found_nothing()
+            assert found.delay == 0.001
+            clock.now += 0.001
 
 
 def test_found_rows_extend_the_window() -> None:
@@ -61,7 +92,9 @@ def test_found_rows_extend_the_window() -> None:
         clock.now += 0.15
         found.found_work(more=False)
         assert found.fast
-        assert empty_reads(found, 1) == pytest.approx([0.00125])
+        assert empty_reads(found, 1) == pytest.approx([0.001])
+        clock.now += 0.008
+        assert empty_reads(found, 1) == pytest.approx([0.002])
     clock.now += 0.21
     assert empty_reads(found, 1) == pytest.approx([0.01])
 
@@ -73,7 +106,9 @@ def test_found_rows_open_the_window_without_a_hint() -> None:
     empty_reads(found, 9)
     found.found_work(more=False)
     assert found.fast
-    assert empty_reads(found, 2) == pytest.approx([0.00125, 0.0015625])
+    assert paced_empty_reads(found, clock, 7) == pytest.approx(
+        [0.001, 0.001, 0.001, 0.001, 0.001, 0.00125, 0.0015625]
+    )
 
 
 def test_within_the_window_only_a_full_batch_reads_again_at_once() -> None:

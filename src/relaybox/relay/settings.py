@@ -44,11 +44,12 @@ class RelaySettings:
     idle_interval: float = 1.0
     #: The fast window (relay/waker.py): after a writer's NOTIFY, or a read that found
     #: rows, read again `fast_poll_interval` seconds after a read that found rows, and
-    #: a quarter longer after each empty one, for `fast_poll_window` seconds, each read
-    #: that finds rows extending it; then the adaptive poll again. Writers announce at
+    #: after an empty one a quarter of the time since rows were last found (at least
+    #: `fast_poll_interval`), for `fast_poll_window` seconds, each read that finds rows
+    #: extending it; then the adaptive poll again. Writers announce at
     #: most one commit per notify interval (`Outbox(notify=...)`, 0.05 s by default),
     #: so the window must be longer than theirs: the commits they leave unannounced
-    #: then fall inside it. A burst's last message costs about 18 empty reads by
+    #: then fall inside it. A burst's last message costs about 20 empty reads by
     #: default, an idle relay none. 0 turns the window off (the adaptive poll alone).
     fast_poll_interval: float = 0.001
     fast_poll_window: float = 0.2

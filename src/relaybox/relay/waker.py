@@ -8,12 +8,16 @@ A relay in another process than its writers learns of a commit by a NOTIFY at be
 and writers send one only now and then (at most once per notify interval each: a NOTIFY
 serializes the commits that carry one), so most commits come unannounced. A hint (a
 NOTIFY, or a read that found rows) therefore opens a *fast window*: for `fast_window`
-seconds the relay keeps reading after `fast_interval` even when it finds nothing, each
-empty read waiting a quarter longer than the last (FAST_GROWTH) and each read that finds
-rows going back to `fast_interval` and extending the window. So a message is found
-within about a quarter of the time since the last one was: a stream of 500 a second
-within a millisecond or so, a trickle later, and a burst's end costs about twenty empty
-reads (1 ms growing by a quarter adds up to 0.2 s in 18), not one per millisecond. A
+seconds the relay keeps reading even when it finds nothing, each empty read waiting a
+quarter of the time since rows were last found (FAST_SHARE), never less than
+`fast_interval`, and each read that finds rows extending the window. So a message is
+found within about a quarter of the time since the last one was: a stream of 500 a
+second within a millisecond or so, however its gaps fall, a trickle later, and a
+burst's end costs about twenty empty reads (a millisecond apart at first, then each a
+quarter later than the time gone since the last rows: 0.2 s in about 20), not one per
+millisecond. The wait follows the time since the last rows, not the count of empty
+reads: counting reads, two empty ones in a row in a steady stream (a gap of 3 ms where
+most are 2) made the next wait half as long again, and that tail was the stream's p99. A
 writer that is still writing is inside the window its own last NOTIFY opened, since the
 window outlasts the interval. Within the window the relay reads at most once per
 `fast_interval` unless a read came back full, so a busy table is read in batches of
@@ -27,8 +31,9 @@ import asyncio
 import time
 from collections.abc import Callable
 
-#: Within the fast window, each empty read waits this much longer than the last.
-FAST_GROWTH = 1.25
+#: Within the fast window, an empty read waits this share of the time since rows were
+#: last found (or a hint came), at least the fast interval.
+FAST_SHARE = 0.25
 
 
 class Waker:
@@ -49,6 +54,8 @@ class Waker:
         self._delay = 0.0
         #: clock() until which an empty read waits only `fast_interval`.
         self._fast_until = 0.0
+        #: clock() of the last hint or read that found rows (see `found_nothing`).
+        self._found_at = 0.0
         self._event = asyncio.Event()
         self.wakeups = 0
 
@@ -84,9 +91,12 @@ class Waker:
 
     def found_nothing(self, *, looked: bool = True) -> None:
         """The last look found no rows; `looked` is false when it could not read at all
-        (a failed read, nothing claimable), which never earns the fast interval."""
+        (a failed read, nothing claimable), which never earns the fast interval. In the
+        window the next look comes a quarter of the time since rows were last found
+        after this one, at least `fast_interval` (see the module's docstring)."""
         if looked and self.fast:
-            self._delay = min(max(self._delay * FAST_GROWTH, self._fast), self._idle)
+            since = self._clock() - self._found_at
+            self._delay = min(max(since * FAST_SHARE, self._fast), self._idle)
             return
         self._delay = min(max(self._delay * 2, self._min), self._idle)
 
@@ -107,5 +117,6 @@ class Waker:
         self._event.clear()
 
     def _open_window(self) -> None:
+        self._found_at = self._clock()
         if self._window > 0:
             self._fast_until = max(self._fast_until, self._clock() + self._window)
