@@ -18,6 +18,9 @@ Variants (`--variants`, comma-separated, rotated in that order):
 - `outbox-notify`: `Outbox(notify=True)`, a NOTIFY at most every 0.05 s per client
   (`--notify-interval S`: every S seconds instead).
 - `outbox-notify-every`: `Outbox(notify=0)`, a NOTIFY in every transaction.
+- `outbox-two-indexes`: `Outbox(notify=False)` into a second outbox table from which
+  the two indexes that a writer's row never enters (`unkeyed_ix`, `waits_ix`) were
+  dropped: what those indexes cost the writer. Not a table a relay can serve.
 
 `--notify` is short for `--variants outbox,outbox-notify,outbox-notify-every`. While
 any variant notifies, a relaybox listener (`relaybox.storage.pg_listen`) runs in its
@@ -55,13 +58,18 @@ from relaybox.migrations import migrate
 from relaybox.tools.bench import SIDE_TABLES
 
 OUTBOX, ORDERS, PLAIN = "bench_writer_outbox", "bench_writer_orders", "bench_writer_plain"
+#: The outbox table of the `outbox-two-indexes` variant.
+FEWER = "bench_writer_fewer"
 PAYLOAD = {"order_id": 0, "customer": "c-000042", "total": "129.90", "currency": "EUR",
            "lines": [{"sku": "SKU-1", "qty": 2}, {"sku": "SKU-7", "qty": 1}]}  # fmt: skip
 
 
 def setup() -> bytes:
-    asyncio.run(migrate(PG_URL, table=OUTBOX))
+    for table in (OUTBOX, FEWER):
+        asyncio.run(migrate(PG_URL, table=table))
     with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"DROP INDEX {FEWER}_unkeyed_ix, {FEWER}_waits_ix")
+        conn.execute(f"TRUNCATE {FEWER}")
         conn.execute(f"TRUNCATE {OUTBOX}")
         conn.execute(f"DROP TABLE IF EXISTS {ORDERS}, {PLAIN}")
         conn.execute(f"CREATE TABLE {ORDERS} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
@@ -84,12 +92,14 @@ def setup() -> bytes:
 def teardown() -> None:
     """Leave the database as the run found it: the outbox's tables, functions and type
     go, and the two tables beside it."""
-    tables = [OUTBOX, *(f"{OUTBOX}_{side}" for side in SIDE_TABLES), ORDERS, PLAIN]
+    outboxes = (OUTBOX, FEWER)
+    tables = [*outboxes, *(f"{t}_{side}" for t in outboxes for side in SIDE_TABLES), ORDERS, PLAIN]
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {', '.join(tables)}")
-        for function in sql.functions("postgresql", OUTBOX):
-            conn.execute(f"DROP FUNCTION IF EXISTS {function}")
-        conn.execute(f"DROP TYPE IF EXISTS {OUTBOX}_status")
+        for table in outboxes:
+            for function in sql.functions("postgresql", table):
+                conn.execute(f"DROP FUNCTION IF EXISTS {function}")
+            conn.execute(f"DROP TYPE IF EXISTS {table}_status")
 
 
 def sample_message(key: str) -> Message:
@@ -109,6 +119,7 @@ NOTIFY_SETTINGS: dict[str, bool | float] = {
     "outbox": False,
     "outbox-notify": True,
     "outbox-notify-every": 0,
+    "outbox-two-indexes": False,
 }
 VARIANTS = ("plain", *NOTIFY_SETTINGS)
 
@@ -136,7 +147,9 @@ def client(
     queue: multiprocessing.Queue,  # type: ignore[type-arg]
 ) -> None:
     outboxes = {
-        v: None if v == "plain" else Outbox(table=OUTBOX, notify=NOTIFY_SETTINGS[v])
+        v: None
+        if v == "plain"
+        else Outbox(table=FEWER if v == "outbox-two-indexes" else OUTBOX, notify=NOTIFY_SETTINGS[v])
         for v in variants
     }
     spent = dict.fromkeys(variants, 0.0)
