@@ -125,7 +125,7 @@ async def test_a_batch_is_applied_once_per_message_in_order(world: InboxWorld) -
     messages = [stored(topic, key=f"key-{n % 3}", payload=b'{"n": %d}' % n) for n in range(12)]
     consumer = world.consumer(before_effect=record)
     async with (
-        ReceiverServer(WebhookReceiver(consumer)) as server,
+        ReceiverServer(WebhookReceiver(consumer, unsigned=True)) as server,
         started(publisher_for(server, batch="true")) as publisher,
     ):
         assert await deliver(publisher, messages) == [[A] * 12]
@@ -152,7 +152,7 @@ async def test_binary_mode_requests_are_decoded_and_applied_once(world: InboxWor
     )
     consumer = world.consumer(before_effect=record)
     async with (
-        ReceiverServer(WebhookReceiver(consumer)) as server,
+        ReceiverServer(WebhookReceiver(consumer, unsigned=True)) as server,
         started(publisher_for(server, source="shop")) as publisher,
     ):
         assert await deliver(publisher, [special, binary]) == [[A, A]]
@@ -177,7 +177,7 @@ async def test_a_second_copy_is_a_duplicate_and_acknowledged(world: InboxWorld) 
     message = stored(unique_topic())
     consumer = world.consumer()
     async with (
-        ReceiverServer(WebhookReceiver(consumer)) as server,
+        ReceiverServer(WebhookReceiver(consumer, unsigned=True)) as server,
         started(publisher_for(server)) as publisher,
     ):
         assert await deliver(publisher, [message]) == [[A]]
@@ -193,7 +193,7 @@ async def test_a_failed_handler_makes_the_publisher_resend_the_batch(world: Inbo
     flaky = str(messages[1].id)
     attempts: list[str] = []
     consumer = world.consumer(before_effect=failing_once(flaky, attempts))
-    receiver = WebhookReceiver(consumer)
+    receiver = WebhookReceiver(consumer, unsigned=True)
     async with (
         ReceiverServer(receiver) as server,
         started(publisher_for(server, batch="true")) as publisher,
@@ -219,7 +219,7 @@ async def test_a_failed_handler_in_binary_mode_is_resent(world: InboxWorld) -> N
 
     consumer = world.consumer(before_effect=fail_once)
     async with (
-        ReceiverServer(WebhookReceiver(consumer)) as server,
+        ReceiverServer(WebhookReceiver(consumer, unsigned=True)) as server,
         started(publisher_for(server)) as publisher,
     ):
         assert await deliver(publisher, [message]) == [[T], [A]]
@@ -241,7 +241,7 @@ async def test_a_message_that_always_fails_is_parked_and_the_publisher_stops(
 
     consumer = world.consumer(before_effect=always_fail)
     async with (
-        ReceiverServer(WebhookReceiver(consumer, max_attempts=3)) as server,
+        ReceiverServer(WebhookReceiver(consumer, max_attempts=3, unsigned=True)) as server,
         started(publisher_for(server)) as publisher,
     ):
         assert await deliver(publisher, [message]) == [[T], [T], [A]]
@@ -259,7 +259,7 @@ async def test_a_crash_after_commit_before_the_response_is_resent_as_a_duplicate
 ) -> None:
     message = stored(unique_topic())
     consumer = world.consumer()
-    async with ReceiverServer(WebhookReceiver(consumer)) as server:
+    async with ReceiverServer(WebhookReceiver(consumer, unsigned=True)) as server:
         server.drop_responses = 1
         async with started(publisher_for(server)) as publisher:
             first = await publisher.publish([message])
@@ -281,8 +281,12 @@ async def test_two_receivers_racing_on_one_message_apply_it_once(world: InboxWor
         await wait_until(lambda: len(begun) == 2, timeout=30)
 
     message = stored(unique_topic())
-    one = WebhookReceiver(timed(world.consumer(before_effect=hold), "one", runs, begun))
-    two = WebhookReceiver(timed(world.consumer(before_effect=hold), "two", runs, begun))
+    one = WebhookReceiver(
+        timed(world.consumer(before_effect=hold), "one", runs, begun), unsigned=True
+    )
+    two = WebhookReceiver(
+        timed(world.consumer(before_effect=hold), "two", runs, begun), unsigned=True
+    )
     # Two instances of the receiving service behind a load balancer, each sent a copy.
     async with (
         ReceiverServer(one) as first,
@@ -303,7 +307,7 @@ async def test_an_unreadable_request_is_refused_for_good_and_blocks_nothing(
     good = stored(topic)
     half_bad = [envelope.structured(stored(topic)), {"specversion": "1.0", "type": "x"}]
     consumer = world.consumer()
-    receiver = WebhookReceiver(consumer)
+    receiver = WebhookReceiver(consumer, unsigned=True)
     async with ReceiverServer(receiver) as server:
         async with httpx.AsyncClient() as client:
             no_id = await client.post(server.url, content=b"{}", headers={"ce-type": "x"})
@@ -347,7 +351,7 @@ async def test_a_structured_event_is_decoded(world: InboxWorld) -> None:
     async def record(message: Incoming) -> None:
         received.append(message)
 
-    receiver = WebhookReceiver(world.consumer(before_effect=record))
+    receiver = WebhookReceiver(world.consumer(before_effect=record), unsigned=True)
     async with ReceiverServer(receiver) as server, httpx.AsyncClient() as client:
         response = await client.post(
             server.url, content=json.dumps(envelope.structured(text)).encode(),
@@ -388,7 +392,7 @@ async def test_the_asgi_app_takes_what_the_publisher_sends(world: InboxWorld) ->
 
 async def test_the_asgi_app_answers_other_requests(world: InboxWorld) -> None:
     consumer = world.consumer()
-    receiver = WebhookReceiver(consumer, max_body_size=1000)
+    receiver = WebhookReceiver(consumer, max_body_size=1000, unsigned=True)
     message = stored(unique_topic())
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=receiver), base_url="http://testserver"
@@ -408,7 +412,7 @@ async def test_the_asgi_app_answers_other_requests(world: InboxWorld) -> None:
 
 
 async def test_the_asgi_app_handles_lifespan() -> None:
-    receiver = WebhookReceiver(idle_consumer())
+    receiver = WebhookReceiver(idle_consumer(), unsigned=True)
     events = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
     sent: list[dict[str, Any]] = []
 

@@ -102,7 +102,7 @@ async def _chunks(size: int) -> AsyncIterator[bytes]:
 
 
 async def test_the_asgi_app_reads_a_body_no_further_than_its_cap() -> None:
-    receiver = WebhookReceiver(idle_consumer())  # the default cap
+    receiver = WebhookReceiver(idle_consumer(), unsigned=True)  # the default cap
     async with AsgiServer(receiver) as server, httpx.AsyncClient(timeout=30) as client:
         streamed = await client.post(server.url, content=_chunks(3 * MiB))  # chunked
         taken_streamed, server.taken = server.taken, 0
@@ -114,7 +114,7 @@ async def test_the_asgi_app_reads_a_body_no_further_than_its_cap() -> None:
 
 
 async def test_handle_refuses_a_body_over_its_cap() -> None:
-    receiver = WebhookReceiver(idle_consumer(), max_body_size=MiB)
+    receiver = WebhookReceiver(idle_consumer(), max_body_size=MiB, unsigned=True)
     async with ReceiverServer(receiver) as server, httpx.AsyncClient() as client:
         response = await client.post(server.url, content=b"[" + b" " * MiB + b"]",
                                      headers={"content-type": BATCH_CONTENT_TYPE})  # fmt: skip
@@ -146,7 +146,7 @@ NESTED = b"[" * 100_000 + b"]" * 100_000
 async def test_a_request_nothing_can_read_is_answered_400(
     content_type: str, body: bytes, error: str
 ) -> None:
-    receiver = WebhookReceiver(idle_consumer(), max_batch_events=3)
+    receiver = WebhookReceiver(idle_consumer(), max_batch_events=3, unsigned=True)
     async with ReceiverServer(receiver) as server, httpx.AsyncClient() as client:
         response = await client.post(server.url, content=body,
                                      headers={"content-type": content_type})  # fmt: skip
@@ -161,7 +161,7 @@ async def test_a_request_nothing_can_read_is_answered_400(
 )
 def test_limits_must_be_positive(option: str, value: float) -> None:
     with pytest.raises(ConfigurationError, match=option):
-        WebhookReceiver(idle_consumer(), **{option: value})
+        WebhookReceiver(idle_consumer(), **{option: value}, unsigned=True)
 
 
 # Any JSON at all, text with lone surrogates included, nested as deep as it likes.

@@ -21,7 +21,7 @@ from relaybox.consumers.http import WebhookReceiver
 from relaybox.core.incoming import Incoming
 from relaybox.core.publishing import Outcome
 from relaybox.core.records import StoredMessage
-from relaybox.errors import SignatureError
+from relaybox.errors import ConfigurationError, SignatureError
 from relaybox.publishers.webhook_signature import sign, verify_signature
 from tests.brokers.conformance import outcomes, started
 from tests.brokers.harness import stored, unique_topic
@@ -173,6 +173,36 @@ async def test_any_malformed_signature_is_refused_with_401(header: str) -> None:
         response = await send(server, headers, b"{}")
     assert response.status_code == 401
     assert receiver.unauthorized == 1
+
+
+def test_a_receiver_takes_a_secret_unless_told_its_requests_come_authenticated() -> None:
+    """Whoever reaches a receiver's URL could post any message with any id: a receiver
+    made without a secret would apply it, or take the id of a message yet to come and
+    have that one skipped as its copy. So it needs the secret, or `unsigned=True`."""
+    with pytest.raises(ConfigurationError, match=r"secret=.*unsigned=True"):
+        WebhookReceiver(idle_consumer())
+    with pytest.raises(ConfigurationError, match="contradict"):
+        WebhookReceiver(idle_consumer(), secret=SECRET, unsigned=True)
+    with pytest.raises(ConfigurationError, match="empty"):
+        WebhookReceiver(idle_consumer(), secret="")
+    assert WebhookReceiver(idle_consumer(), secret=SECRET).secret == SECRET
+    assert WebhookReceiver(idle_consumer(), unsigned=True).secret is None
+
+
+async def test_an_unsigned_receiver_processes_what_it_is_given(world: InboxWorld) -> None:
+    """`unsigned=True` checks no signature: the request is processed as it came."""
+    handled: list[str] = []
+
+    async def record(message: Incoming) -> None:
+        handled.append(message.id)
+
+    receiver = WebhookReceiver(world.consumer(before_effect=record), unsigned=True)
+    headers = {"content-type": "application/json", "ce-id": "m-unsigned",
+               "ce-source": "test", "ce-type": "t", "ce-specversion": "1.0"}  # fmt: skip
+    async with ReceiverServer(receiver) as server:
+        response = await send(server, headers, b"{}")
+    assert response.status_code == 200, response.text
+    assert handled == ["m-unsigned"]
 
 
 def test_the_signature_is_the_documented_canonical_form() -> None:

@@ -29,7 +29,9 @@ no 2xx. So the verdicts are HTTP statuses, sent only after `Consumer.process` re
     REJECT  the request is no readable envelope (no id, bad JSON, a batch with one bad
             event): 400, which the publisher takes as a permanent failure. Nothing of
             such a batch is processed.
-With a `secret`, a request is processed only if its `Relaybox-Signature` is valid
+A receiver takes the publisher's `secret` (or `unsigned=True`, said out loud, where
+every request is authenticated before it arrives). A request is processed only if its
+`Relaybox-Signature` is valid
 (`relaybox.publishers.webhook_signature` defines it: an HMAC-SHA256 over a timestamp,
 the signed headers and the raw body, at most `tolerance` seconds old): anything else,
 or a request carrying a `ce-` attribute, a `Content-Type` or a `Relaybox-Topic` the
@@ -208,8 +210,12 @@ class WebhookReceiver:
     """Receives webhook requests for a `Consumer`: `handle` for any framework, and an
     ASGI 3 application (call the receiver itself) for Starlette, FastAPI, uvicorn...
 
-    `secret` turns on signature checks (`Relaybox-Signature`, made with the same secret
-    as the publisher's `?secret=`; never empty), `tolerance` is how many seconds a
+    `secret` is the publisher's `?secret=` (never empty): only requests whose
+    `Relaybox-Signature` it made are processed. Whoever reaches the receiver's URL could
+    otherwise post any message, with any id, so a receiver needs one: give it, or say
+    `unsigned=True` where something in front of the receiver already authenticates
+    every request (a mutual-TLS proxy, a private network only the relays reach), and
+    the signatures are not checked. `tolerance` is how many seconds a
     signature's timestamp may be from this clock, `max_body_size` the largest body
     taken (413 beyond; the ASGI adapter reads no further), `max_batch_events` the most
     events in a batch (400 beyond), `max_attempts` the attempts at a message before it
@@ -224,6 +230,7 @@ class WebhookReceiver:
         consumer: Processor,
         *,
         secret: str | None = None,
+        unsigned: bool = False,
         tolerance: float = DEFAULT_TOLERANCE,
         max_body_size: int = DEFAULT_MAX_BODY_SIZE,
         max_batch_events: int = DEFAULT_MAX_BATCH_EVENTS,
@@ -236,6 +243,14 @@ class WebhookReceiver:
         if not tolerance > 0:
             raise ConfigurationError(f"tolerance={tolerance!r}: must be above zero")
         check_secret(secret)
+        if (secret is None) is not bool(unsigned):
+            raise ConfigurationError(
+                "a WebhookReceiver checks signatures made with the publisher's secret: "
+                "give secret= (the relay's ?secret=), or unsigned=True if every request "
+                "is authenticated before it reaches the receiver"
+                if secret is None
+                else "secret= and unsigned=True contradict each other: give one"
+            )
         self.consumer = consumer
         self.secret = secret
         self.tolerance = tolerance
