@@ -21,6 +21,9 @@ Variants (`--variants`, comma-separated, rotated in that order):
 - `outbox-two-indexes`: `Outbox(notify=False)` into a second outbox table from which
   the two indexes that a writer's row never enters (`unkeyed_ix`, `waits_ix`) were
   dropped: what those indexes cost the writer. Not a table a relay can serve.
+- `outbox-fillfactor-100`: `Outbox(notify=False)` into a third outbox table whose
+  pages are filled (fillfactor 100, not 50): what the room kept for a row-lease
+  claim's in-place update costs the writer.
 
 `--notify` is short for `--variants outbox,outbox-notify,outbox-notify-every`. While
 any variant notifies, a relaybox listener (`relaybox.storage.pg_listen`) runs in its
@@ -58,18 +61,19 @@ from relaybox.migrations import migrate
 from relaybox.tools.bench import SIDE_TABLES
 
 OUTBOX, ORDERS, PLAIN = "bench_writer_outbox", "bench_writer_orders", "bench_writer_plain"
-#: The outbox table of the `outbox-two-indexes` variant.
-FEWER = "bench_writer_fewer"
+#: The outbox tables of the `outbox-two-indexes` and `outbox-fillfactor-100` variants.
+FEWER, FILLED = "bench_writer_fewer", "bench_writer_filled"
 PAYLOAD = {"order_id": 0, "customer": "c-000042", "total": "129.90", "currency": "EUR",
            "lines": [{"sku": "SKU-1", "qty": 2}, {"sku": "SKU-7", "qty": 1}]}  # fmt: skip
 
 
 def setup() -> bytes:
-    for table in (OUTBOX, FEWER):
+    for table in (OUTBOX, FEWER, FILLED):
         asyncio.run(migrate(PG_URL, table=table))
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(f"DROP INDEX {FEWER}_unkeyed_ix, {FEWER}_waits_ix")
-        conn.execute(f"TRUNCATE {FEWER}")
+        conn.execute(f"ALTER TABLE {FILLED} SET (fillfactor = 100)")
+        conn.execute(f"TRUNCATE {FEWER}, {FILLED}")
         conn.execute(f"TRUNCATE {OUTBOX}")
         conn.execute(f"DROP TABLE IF EXISTS {ORDERS}, {PLAIN}")
         conn.execute(f"CREATE TABLE {ORDERS} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
@@ -92,7 +96,7 @@ def setup() -> bytes:
 def teardown() -> None:
     """Leave the database as the run found it: the outbox's tables, functions and type
     go, and the two tables beside it."""
-    outboxes = (OUTBOX, FEWER)
+    outboxes = (OUTBOX, FEWER, FILLED)
     tables = [*outboxes, *(f"{t}_{side}" for t in outboxes for side in SIDE_TABLES), ORDERS, PLAIN]
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {', '.join(tables)}")
@@ -120,7 +124,10 @@ NOTIFY_SETTINGS: dict[str, bool | float] = {
     "outbox-notify": True,
     "outbox-notify-every": 0,
     "outbox-two-indexes": False,
+    "outbox-fillfactor-100": False,
 }
+#: The outbox table each variant writes to.
+TABLES = {"outbox-two-indexes": FEWER, "outbox-fillfactor-100": FILLED}
 VARIANTS = ("plain", *NOTIFY_SETTINGS)
 
 
@@ -147,9 +154,7 @@ def client(
     queue: multiprocessing.Queue,  # type: ignore[type-arg]
 ) -> None:
     outboxes = {
-        v: None
-        if v == "plain"
-        else Outbox(table=FEWER if v == "outbox-two-indexes" else OUTBOX, notify=NOTIFY_SETTINGS[v])
+        v: None if v == "plain" else Outbox(table=TABLES.get(v, OUTBOX), notify=NOTIFY_SETTINGS[v])
         for v in variants
     }
     spent = dict.fromkeys(variants, 0.0)
