@@ -62,9 +62,9 @@ def test_a_hint_opens_the_window_and_the_poll_backs_off_after_it() -> None:
     )
     clock.now = 1000.0 + 0.19
     assert empty_reads(found, 1) == pytest.approx([0.19 / 4])
-    clock.now += 0.02  # the window is over: the adaptive poll, doubling from there
+    clock.now += 0.02  # the window is over: the adaptive poll, from its shortest wait
     assert not found.fast
-    assert empty_reads(found, 4) == pytest.approx([0.095, 0.19, 0.38, 0.76])
+    assert empty_reads(found, 4) == pytest.approx([0.01, 0.02, 0.04, 0.08])
 
 
 def test_a_steady_stream_keeps_the_fast_interval_through_its_gaps() -> None:

@@ -56,6 +56,8 @@ class Waker:
         self._fast_until = 0.0
         #: clock() of the last hint or read that found rows (see `found_nothing`).
         self._found_at = 0.0
+        #: Whether `_delay` is a wait of the fast window.
+        self._window_delay = False
         self._event = asyncio.Event()
         self.wakeups = 0
 
@@ -97,8 +99,13 @@ class Waker:
         if looked and self.fast:
             since = self._clock() - self._found_at
             self._delay = min(max(since * FAST_SHARE, self._fast), self._idle)
+            self._window_delay = True
             return
-        self._delay = min(max(self._delay * 2, self._min), self._idle)
+        # Past the window, the adaptive poll starts over from its shortest wait, as
+        # after any found rows: the window's last waits were its own.
+        last = 0.0 if self._window_delay else self._delay
+        self._window_delay = False
+        self._delay = min(max(last * 2, self._min), self._idle)
 
     def wait_at_most(self, seconds: float) -> None:
         """Cap the next wait (for instance until an open circuit may be probed)."""
