@@ -148,6 +148,22 @@ def test_a_failed_read_never_polls_fast() -> None:
     assert waits == [0.01, 0.02, 0.04]
 
 
+def test_a_failed_read_in_the_window_backs_off_from_the_shortest_wait() -> None:
+    """A read that fails inside the window, after empty reads there, waits as the
+    adaptive poll does from its start, not from the window's longer waits."""
+    clock = Clock()
+    found = waker(clock)
+    found.hint()
+    paced_empty_reads(found, clock, 18)
+    assert found.fast
+    assert found.delay > 0.01  # the window's waits have grown past the poll's shortest
+    waits = []
+    for _ in range(2):
+        found.found_nothing(looked=False)
+        waits.append(found.delay)
+    assert waits == [0.01, 0.02]
+
+
 def test_a_plain_wake_opens_no_window() -> None:
     found = waker(Clock())
     found.wake()

@@ -30,7 +30,8 @@ no 2xx. So the verdicts are HTTP statuses, sent only after `Consumer.process` re
             event): 400, which the publisher takes as a permanent failure. Nothing of
             such a batch is processed.
 A receiver takes the publisher's `secret` (or `unsigned=True`, said out loud, where
-every request is authenticated before it arrives). A request is processed only if its
+every request is authenticated before it arrives: then no signature is checked and
+handlers see every header). With the secret, a request is processed only if its
 `Relaybox-Signature` is valid
 (`relaybox.publishers.webhook_signature` defines it: an HMAC-SHA256 over a timestamp,
 the signed headers and the raw body, at most `tolerance` seconds old): anything else,
@@ -242,6 +243,12 @@ class WebhookReceiver:
                 raise ConfigurationError(f"{name}={value!r}: must be at least 1")
         if not tolerance > 0:
             raise ConfigurationError(f"tolerance={tolerance!r}: must be above zero")
+        if secret is not None and not secret:  # check_secret's words are the publisher's
+            raise ConfigurationError(
+                "the webhook secret is empty: give the publisher's (a long random one), or "
+                "unsigned=True if every request is authenticated before it reaches the "
+                "receiver"
+            )
         check_secret(secret)
         if (secret is None) is not bool(unsigned):
             raise ConfigurationError(

@@ -44,9 +44,9 @@ class RelaySettings:
     idle_interval: float = 1.0
     #: The fast window (relay/waker.py): after a writer's NOTIFY, or a read that found
     #: rows, read again `fast_poll_interval` seconds after a read that found rows, and
-    #: after an empty one a quarter of the time since rows were last found (at least
-    #: `fast_poll_interval`), for `fast_poll_window` seconds, each read that finds rows
-    #: extending it; then the adaptive poll again. Writers announce at
+    #: after an empty one a quarter of the time since rows were last found or a NOTIFY
+    #: came (at least `fast_poll_interval`), for `fast_poll_window` seconds, each read
+    #: that finds rows extending it; then the adaptive poll again. Writers announce at
     #: most one commit per notify interval (`Outbox(notify=...)`, 0.05 s by default),
     #: so the window must be longer than theirs: the commits they leave unannounced
     #: then fall inside it. A burst's last message costs about 20 empty reads by

@@ -9,8 +9,8 @@ and writers send one only now and then (at most once per notify interval each: a
 serializes the commits that carry one), so most commits come unannounced. A hint (a
 NOTIFY, or a read that found rows) therefore opens a *fast window*: for `fast_window`
 seconds the relay keeps reading even when it finds nothing, each empty read waiting a
-quarter of the time since rows were last found (FAST_SHARE), never less than
-`fast_interval`, and each read that finds rows extending the window. So a message is
+quarter of the time since rows were last found or a NOTIFY came (FAST_SHARE), never
+less than `fast_interval`, and each read that finds rows extending the window. So a message is
 found within about a quarter of the time since the last one was: a stream of 500 a
 second within a millisecond or so, however its gaps fall, a trickle later, and a
 burst's end costs about twenty empty reads (a millisecond apart at first, then each a
@@ -90,6 +90,7 @@ class Waker:
         meanwhile in one batch instead of one row each."""
         self._open_window()
         self._delay = 0.0 if more or not self.fast else self._fast
+        self._window_delay = self.fast
 
     def found_nothing(self, *, looked: bool = True) -> None:
         """The last look found no rows; `looked` is false when it could not read at all
