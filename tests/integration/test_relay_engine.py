@@ -16,7 +16,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from relaybox import Outbox
+from relaybox import Message, Outbox
 from relaybox.core.circuit import CircuitPolicy, CircuitState
 from relaybox.core.lifecycle import Status
 from relaybox.core.publishing import PublishResult
@@ -308,6 +308,74 @@ async def test_a_batch_read_beside_another_publishes_a_key_only_after_it_settled
     else:
         assert behind_in_flight == 0
     assert relay.processors[0].metrics.released == 0  # ...and published what it read
+
+
+class _HoldsKey(MemoryPublisher):
+    """Holds every call that carries `key` until released; the others take a moment."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.key = key
+        self.release = asyncio.Event()
+
+    async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
+        print("CALL", [(m.key, json.loads(m.payload)["n"]) for m in messages], flush=True)
+        if any(m.key == self.key for m in messages):
+            await self.release.wait()
+        else:
+            await asyncio.sleep(0.02)
+        return await super().publish(messages)
+
+
+async def test_the_rows_behind_a_batch_ahead_do_not_wait_for_the_other_keys_of_theirs(
+    db: OutboxDB,
+) -> None:
+    """The second batch, read beside the first, holds a's next rows and b's first. b's
+    rows go out at once and a's once the first batch has settled, each on its own: a
+    slow request for b does not hold up a (their keys differ, so neither waits for the
+    other). Where reads do not go behind batches in flight, the second batch is read
+    after the first settles and both keys go in one call: there the order is all that
+    is checked."""
+    a = [Message(topic="orders", key="a", payload={"key": "a", "n": n}) for n in range(15)]
+    b = [Message(topic="orders", key="b", payload={"key": "b", "n": n}) for n in range(5)]
+    await db.write([*a[:10], *itertools.chain(*zip(a[10:], b, strict=True))])
+    publisher = _HoldsKey("b")
+    # b's call is held well past the wait below: only a publish timeout could free it.
+    settings = fast_settings(batch_size=10, max_in_flight=2, publish_timeout=30.0)
+    relay = relay_of(db, publisher, settings)
+    async with relay:
+        if relay.processors[0]._db.claims.reads_behind_in_flight:
+            await eventually(lambda: len(publisher.published) == 15, timeout=10.0)  # all of a
+            assert per_key(publisher.published) == {"a": list(range(15))}
+        publisher.release.set()
+        await eventually(lambda: len(publisher.published) == 20)
+    assert per_key(publisher.published) == {"a": list(range(15)), "b": list(range(5))}
+
+
+async def test_rows_behind_wait_only_for_the_batches_ahead_that_hold_their_key(
+    db: OutboxDB,
+) -> None:
+    """Three batches of 4: a's first rows, h's first rows (held at the broker), then
+    a4, a5, h4, h5, read beside both. a4 and a5 wait for the first batch alone, so
+    they go out while h is held; h4 and h5 wait for the second. (Waiting for every
+    batch ahead that shares any key, a relay whose batches each shared a key or two
+    with the one before published them one at a time.)"""
+
+    def rows(key: str, numbers: range) -> list[Message]:
+        return [Message(topic="orders", key=key, payload={"key": key, "n": n}) for n in numbers]
+
+    await db.write([*rows("a", range(4)), *rows("h", range(4)), *rows("a", range(4, 6)),
+                    *rows("h", range(4, 6))])  # fmt: skip
+    publisher = _HoldsKey("h")
+    settings = fast_settings(batch_size=4, max_in_flight=3, publish_timeout=30.0)
+    relay = relay_of(db, publisher, settings)
+    async with relay:
+        if relay.processors[0]._db.claims.reads_behind_in_flight:
+            await eventually(lambda: len(publisher.published) == 6, timeout=10.0)  # all of a
+            assert per_key(publisher.published) == {"a": list(range(6))}
+        publisher.release.set()
+        await eventually(lambda: len(publisher.published) == 12)
+    assert per_key(publisher.published) == {"a": list(range(6)), "h": list(range(6))}
 
 
 async def test_a_failure_ahead_hands_back_the_rows_read_behind_it(db: OutboxDB) -> None:
