@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -319,12 +320,40 @@ class _HoldsKey(MemoryPublisher):
         self.release = asyncio.Event()
 
     async def publish(self, messages: Sequence[StoredMessage]) -> list[PublishResult]:
-        print("CALL", [(m.key, json.loads(m.payload)["n"]) for m in messages], flush=True)
         if any(m.key == self.key for m in messages):
             await self.release.wait()
         else:
             await asyncio.sleep(0.02)
         return await super().publish(messages)
+
+
+def _run(key: str, numbers: range) -> list[Message]:
+    return [Message(topic="orders", key=key, payload={"key": key, "n": n}) for n in numbers]
+
+
+async def _the_others_go_while_one_key_is_held(
+    db: OutboxDB, written: list[Message], held: str, **settings: Any
+) -> None:
+    """Write `written` and relay it with every call carrying `held` held at the broker
+    (well past the wait below: only a publish timeout could free it). Where reads go
+    behind batches in flight, every other key's rows go out meanwhile; then all do,
+    each key in order. Elsewhere a batch is read once those ahead have settled, so the
+    keys may share a call: there the order is all that is checked."""
+    expected: dict[str | None, list[int]] = defaultdict(list)
+    for message in written:
+        expected[message.key].append(json.loads(message.body)["n"])
+    others = {key: numbers for key, numbers in expected.items() if key != held}
+    await db.write(written)
+    publisher = _HoldsKey(held)
+    relay = relay_of(db, publisher, fast_settings(publish_timeout=30.0, **settings))
+    async with relay:
+        if relay.processors[0]._db.claims.reads_behind_in_flight:
+            count = sum(map(len, others.values()))
+            await eventually(lambda: len(publisher.published) == count, timeout=10.0)
+            assert per_key(publisher.published) == others
+        publisher.release.set()
+        await eventually(lambda: len(publisher.published) == len(written))
+    assert per_key(publisher.published) == expected
 
 
 async def test_the_rows_behind_a_batch_ahead_do_not_wait_for_the_other_keys_of_theirs(
@@ -333,23 +362,10 @@ async def test_the_rows_behind_a_batch_ahead_do_not_wait_for_the_other_keys_of_t
     """The second batch, read beside the first, holds a's next rows and b's first. b's
     rows go out at once and a's once the first batch has settled, each on its own: a
     slow request for b does not hold up a (their keys differ, so neither waits for the
-    other). Where reads do not go behind batches in flight, the second batch is read
-    after the first settles and both keys go in one call: there the order is all that
-    is checked."""
-    a = [Message(topic="orders", key="a", payload={"key": "a", "n": n}) for n in range(15)]
-    b = [Message(topic="orders", key="b", payload={"key": "b", "n": n}) for n in range(5)]
-    await db.write([*a[:10], *itertools.chain(*zip(a[10:], b, strict=True))])
-    publisher = _HoldsKey("b")
-    # b's call is held well past the wait below: only a publish timeout could free it.
-    settings = fast_settings(batch_size=10, max_in_flight=2, publish_timeout=30.0)
-    relay = relay_of(db, publisher, settings)
-    async with relay:
-        if relay.processors[0]._db.claims.reads_behind_in_flight:
-            await eventually(lambda: len(publisher.published) == 15, timeout=10.0)  # all of a
-            assert per_key(publisher.published) == {"a": list(range(15))}
-        publisher.release.set()
-        await eventually(lambda: len(publisher.published) == 20)
-    assert per_key(publisher.published) == {"a": list(range(15)), "b": list(range(5))}
+    other)."""
+    a, b = _run("a", range(15)), _run("b", range(5))
+    written = [*a[:10], *itertools.chain(*zip(a[10:], b, strict=True))]
+    await _the_others_go_while_one_key_is_held(db, written, "b", batch_size=10, max_in_flight=2)
 
 
 async def test_rows_behind_wait_only_for_the_batches_ahead_that_hold_their_key(
@@ -360,22 +376,9 @@ async def test_rows_behind_wait_only_for_the_batches_ahead_that_hold_their_key(
     they go out while h is held; h4 and h5 wait for the second. (Waiting for every
     batch ahead that shares any key, a relay whose batches each shared a key or two
     with the one before published them one at a time.)"""
-
-    def rows(key: str, numbers: range) -> list[Message]:
-        return [Message(topic="orders", key=key, payload={"key": key, "n": n}) for n in numbers]
-
-    await db.write([*rows("a", range(4)), *rows("h", range(4)), *rows("a", range(4, 6)),
-                    *rows("h", range(4, 6))])  # fmt: skip
-    publisher = _HoldsKey("h")
-    settings = fast_settings(batch_size=4, max_in_flight=3, publish_timeout=30.0)
-    relay = relay_of(db, publisher, settings)
-    async with relay:
-        if relay.processors[0]._db.claims.reads_behind_in_flight:
-            await eventually(lambda: len(publisher.published) == 6, timeout=10.0)  # all of a
-            assert per_key(publisher.published) == {"a": list(range(6))}
-        publisher.release.set()
-        await eventually(lambda: len(publisher.published) == 12)
-    assert per_key(publisher.published) == {"a": list(range(6)), "h": list(range(6))}
+    written = [*_run("a", range(4)), *_run("h", range(4)), *_run("a", range(4, 6)),
+               *_run("h", range(4, 6))]  # fmt: skip
+    await _the_others_go_while_one_key_is_held(db, written, "h", batch_size=4, max_in_flight=3)
 
 
 async def test_a_failure_ahead_hands_back_the_rows_read_behind_it(db: OutboxDB) -> None:
