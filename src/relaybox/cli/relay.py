@@ -260,7 +260,9 @@ _CIRCUIT = _DEFAULTS.circuit
     "--fast-poll-interval",
     default=_DEFAULTS.fast_poll_interval,
     show_default=True,
-    help="Seconds between reads within the fast window.",
+    help="The shortest wait between reads within the fast window, s: after a read that "
+    "found rows, and after an empty one while a quarter of the time since rows were last "
+    "found (or a NOTIFY came) is shorter.",
 )
 @click.option(
     "--no-listen",
