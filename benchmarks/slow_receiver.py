@@ -40,7 +40,6 @@ from _common import machine
 
 from relaybox import Message, Outbox, sql
 from relaybox.migrations import migrate
-from relaybox.tools.bench import SIDE_TABLES
 
 DB = os.environ.get("RELAYBOX_BENCH_DB", "postgresql://postgres@127.0.0.1:5432/relaybox_bench")
 TABLE = "bench_slow_receiver"
@@ -142,11 +141,8 @@ def drain(relays: int, port: int, relay_args: list[str], logs: Path) -> float:
 
 def teardown() -> None:
     with psycopg.connect(DB, autocommit=True) as conn:
-        tables = [TABLE, *(f"{TABLE}_{side}" for side in SIDE_TABLES)]
-        conn.execute(f"DROP TABLE IF EXISTS {', '.join(tables)}")
-        for function in sql.functions("postgresql", TABLE):
-            conn.execute(f"DROP FUNCTION IF EXISTS {function}")
-        conn.execute(f"DROP TYPE IF EXISTS {TABLE}_status")
+        for statement in sql.drops("postgresql", TABLE):
+            conn.execute(statement)
 
 
 def main() -> None:

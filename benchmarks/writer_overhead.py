@@ -58,7 +58,6 @@ from _common import PG_URL, machine
 
 from relaybox import Message, Outbox, sql
 from relaybox.migrations import migrate
-from relaybox.tools.bench import SIDE_TABLES
 
 OUTBOX, ORDERS, PLAIN = "bench_writer_outbox", "bench_writer_orders", "bench_writer_plain"
 #: The outbox tables of the `outbox-two-indexes` and `outbox-fillfactor-100` variants.
@@ -96,14 +95,11 @@ def setup() -> bytes:
 def teardown() -> None:
     """Leave the database as the run found it: the outbox's tables, functions and type
     go, and the two tables beside it."""
-    outboxes = (OUTBOX, FEWER, FILLED)
-    tables = [*outboxes, *(f"{t}_{side}" for t in outboxes for side in SIDE_TABLES), ORDERS, PLAIN]
     with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {', '.join(tables)}")
-        for table in outboxes:
-            for function in sql.functions("postgresql", table):
-                conn.execute(f"DROP FUNCTION IF EXISTS {function}")
-            conn.execute(f"DROP TYPE IF EXISTS {table}_status")
+        conn.execute(f"DROP TABLE IF EXISTS {ORDERS}, {PLAIN}")
+        for table in (OUTBOX, FEWER, FILLED):
+            for statement in sql.drops("postgresql", table):
+                conn.execute(statement)
 
 
 def sample_message(key: str) -> Message:

@@ -279,7 +279,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
 
         if not batch.ahead:
             return await run(batch.messages)
-        ahead = list(batch.ahead)
+        ahead = batch.ahead
         first: list[StoredMessage] = []
         waiting: dict[tuple[int, ...], list[StoredMessage]] = {}
         holders_of: dict[tuple[str, str], tuple[int, ...]] = {}

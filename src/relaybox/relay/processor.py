@@ -109,9 +109,9 @@ class Processor(abc.ABC, Generic[P]):
         )
         #: Batches in flight at most.
         self.max_in_flight = settings.in_flight_limit(self._reads_behind_in_flight())
-        self._slots = asyncio.Semaphore(self.max_in_flight)
         #: Batches in flight at most for now: `max_in_flight`, or fewer while this relay
-        #: is one of a fleet (`RelaySettings.in_flight_share`).
+        #: is one of a fleet (`RelaySettings.in_flight_share`). The claim loop, the only
+        #: one to launch batches, counts those in flight (`_deliveries`) against it.
         self.in_flight_now = self.max_in_flight
         self._delivery = Delivery(
             publishers, circuits, settings.retry, settings.publish_timeout,
@@ -234,7 +234,7 @@ class Processor(abc.ABC, Generic[P]):
         self._claiming.set()
         self._settled.set()
         # The claim loop ends after the claim it may be running (whose batch it launches,
-        # so the batch is settled or released below), or when it next gets a slot.
+        # so the batch is settled or released below), or when it next wakes.
         claim_loop = self._tasks[:1]
         if claim_loop:
             await asyncio.wait(claim_loop, timeout=timeout)
@@ -317,14 +317,9 @@ class Processor(abc.ABC, Generic[P]):
             await self._claiming.wait()
             if self._stopping.is_set():
                 return
-            await self._slots.acquire()
-            if self._stopping.is_set():  # stop() came while we waited for a slot
-                self._slots.release()
-                return
             if len(self._deliveries) >= self.in_flight_now or pacing.wait_for_a_settle(
                 bool(self._deliveries)
             ):
-                self._slots.release()
                 self._settled.clear()
                 await self._settled.wait()
                 continue
@@ -332,17 +327,14 @@ class Processor(abc.ABC, Generic[P]):
             try:
                 claim = await self._next_claim()
             except RelayboxError as error:
-                self._slots.release()
                 logger.warning("claim failed: %s", error, extra={"action": "claim_error"})
                 waker.found_nothing(looked=False)
                 continue
             except Exception:  # a surprise: logged, and the next claim comes after a pause
-                self._slots.release()
                 logger.exception("claim failed", extra={"action": "claim_error"})
                 waker.found_nothing(looked=False)
                 continue
             if claim is None or not claim.messages:
-                self._slots.release()
                 waker.found_nothing(looked=claim is not None)
                 if claim is not None:
                     pacing.found_nothing(beside=beside)
@@ -390,10 +382,9 @@ class Processor(abc.ABC, Generic[P]):
         def done(finished: asyncio.Task[None]) -> None:
             self._finished(claim)
             self._deliveries.discard(finished)
-            self._slots.release()
             self._pacing.settled()
             self._settled.set()
-            self.wake()  # a slot is free: there may be more to claim
+            self.wake()  # room in flight: there may be more to claim
 
         task.add_done_callback(done)
 
