@@ -74,6 +74,7 @@ def test_the_wheel_holds_every_file_of_the_package(dist: Path) -> None:
     with zipfile.ZipFile(dist / f"{NAME}-py3-none-any.whl") as wheel:
         names = set(wheel.namelist())
         entry_points = wheel.read(f"{NAME}.dist-info/entry_points.txt").decode()
+        metadata = wheel.read(f"{NAME}.dist-info/METADATA").decode()
     packaged = {name for name in names if name.startswith("relaybox/")}
     assert packaged == _package_files()
     for needed in (
@@ -89,12 +90,17 @@ def test_the_wheel_holds_every_file_of_the_package(dist: Path) -> None:
         assert needed in names
     assert "relaybox = relaybox.cli.main:main" in entry_points
     assert "relaybox = relaybox.testing.plugin" in entry_points
+    # The licence travels with the wheel, its text included.
+    assert "License-Expression: MIT" in metadata
+    assert "License-File: LICENSE" in metadata
+    assert f"{NAME}.dist-info/licenses/LICENSE" in names
 
 
 def test_the_sdist_holds_the_sources_tests_and_docs(dist: Path) -> None:
     with tarfile.open(dist / f"{NAME}.tar.gz") as sdist:
         names = {name.removeprefix(f"{NAME}/") for name in sdist.getnames()}
-    for needed in ("pyproject.toml", "README.md", "CHANGELOG.md", "mkdocs.yml", "PKG-INFO"):
+    needed_files = ("pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE", "mkdocs.yml")
+    for needed in (*needed_files, "PKG-INFO"):
         assert needed in names
     assert {f"src/{name}" for name in _package_files()} <= names
     assert "docs/index.md" in names
