@@ -763,6 +763,20 @@ async def test_a_failed_head_holds_back_its_key_in_reads_until_due(backend: Back
     assert again[0].attempts == 1
 
 
+async def test_a_head_failed_under_a_row_lease_holds_back_its_key_in_reads_until_due(
+    backend: Backend,
+) -> None:
+    await write(backend, msg("bad"), msg("bad"), msg("good"), msg(None))
+    claim = await backend.storage.claim("w1", limit=1, lease_seconds=LEASE)
+    (head,) = claim.messages
+    assert await backend.storage.mark_failed(claim.token, [Failure(head.seq, "nope", WINDOW)])
+    assert [m.key for m in await backend.storage.read(limit=10)] == ["good", None]
+    await asyncio.sleep(WINDOW + 0.3)
+    again = await backend.storage.read(limit=10)
+    assert [m.key for m in again] == ["bad", "bad", "good", None]
+    assert (again[0].seq, again[0].attempts) == (head.seq, 1)
+
+
 async def test_a_blocked_backlog_far_longer_than_the_read_hides_no_other_row(
     backend: Backend,
 ) -> None:
