@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.brokers.harness import free_port
 from tests.databases import fetch_all
 from tests.relay_support import OutboxDB, outbox_db
 
@@ -181,12 +182,6 @@ def serving():
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _server(db: OutboxDB, tmp_path: Path, app: str, command: list[str]) -> subprocess.Popen[bytes]:
     (tmp_path / "webapp.py").write_text(app.format(url=db.url, table=db.table))
     return subprocess.Popen(
@@ -246,7 +241,7 @@ def _owned(db: OutboxDB) -> int:
 def test_the_asgi_lifespan_runs_one_relay_in_each_worker_and_stops_them(
     db: OutboxDB, tmp_path: Path, server: list[str]
 ) -> None:
-    port = _free_port()
+    port = free_port()
     bind = ["-b", f"127.0.0.1:{port}"] if server[0] == "gunicorn" else ["--port", str(port)]
     proc = _server(db, tmp_path, ASGI_APP, [*server, *bind, "webapp:app"])
     try:
@@ -268,7 +263,7 @@ def test_the_asgi_lifespan_runs_one_relay_in_each_worker_and_stops_them(
 def test_the_flask_extension_starts_a_relay_in_a_worker_that_serves(
     db: OutboxDB, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     command = ["gunicorn", "--preload", "-w", "2", "-b", f"127.0.0.1:{port}", "webapp:app"]
     proc = _server(db, tmp_path, FLASK_APP, command)
     try:

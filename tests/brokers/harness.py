@@ -12,6 +12,7 @@ import abc
 import asyncio
 import dataclasses
 import datetime
+import random
 import socket
 import subprocess
 import time
@@ -160,7 +161,34 @@ def unique_topic() -> str:
     return f"rbtest.{uuid.uuid4().hex[:12]}"
 
 
+#: Where free_port draws from: below the kernel's ephemeral range. A port that range
+#: hands out (bind to port 0) can be taken, before the server it was picked for binds it,
+#: as the local port of any outgoing connection on the machine, and a RabbitMQ node takes
+#: seconds to boot: one failed so (eaddrinuse) while other tests made connections.
+_LOWEST_PORT = 20000
+_draw = random.SystemRandom()  # not the seeded `random`: each worker draws its own
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A port on 127.0.0.1 that nothing holds now, outside the ephemeral range (where
+    that range leaves too little room below it, one the kernel hands out)."""
+    top = _ephemeral_low()
+    for _ in range(200 if top - _LOWEST_PORT >= 1000 else 0):
+        port = _draw.randrange(_LOWEST_PORT, top)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])

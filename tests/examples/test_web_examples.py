@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import nats
 import pytest
 
 from relaybox.tools.embedded_nats import EmbeddedNats
+from tests.brokers.harness import free_port
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -71,12 +71,6 @@ async def _last_order(url: str) -> dict[str, object] | None:
     return json.loads(message.data)  # type: ignore[no-any-return]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _post(port: int, body: bytes, proc: subprocess.Popen[bytes]) -> tuple[int, dict[str, str]]:
     """POST an order once the server answers (it may still be starting)."""
     request = urllib.request.Request(
@@ -112,7 +106,7 @@ def order_arrives_on_nats(example: str, python: Path, broker: EmbeddedNats, tmp_
         [python, "-m", "relaybox", "migrate", "--db", f"sqlite:///{env['SHOP_DB']}"],
         env=env, check=True, capture_output=True, timeout=60,
     )  # fmt: skip
-    port = _free_port()
+    port = free_port()
     server = [part.format(port=port) for part in SERVERS[example]]
     proc = subprocess.Popen(
         [python, "-m", *server],
