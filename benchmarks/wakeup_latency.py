@@ -26,6 +26,9 @@ Phases, each alternating the variants run by run (`--rounds` runs of each):
    clock (CLOCK_MONOTONIC is one clock for every process on Linux). Latency is arrival
    minus commit return; the first 2 s of each run (the relay taking its partitions) are
    not counted. The relay runs on its own connections, not through the proxy below.
+   Each run also says where the machine's time went: the relay's share of a core, its
+   PostgreSQL sessions', this process's (the stream's reader), and the whole machine's
+   busy share (of every core).
 2. **throughput**: the same writers, unpaced, for `--throughput-seconds`, with the relay
    running; transactions/s of the `wake` variant over those of `poll` in the same round.
    Writers alternate notify settings only between runs; the relay's setting is the
@@ -76,7 +79,7 @@ from _common import cpu_seconds, machine
 from relaybox import Message, Outbox
 from relaybox.migrations import migrate
 from relaybox.storage.urls import DatabaseUrl
-from relaybox.tools.bench import connect_admin, percentiles
+from relaybox.tools.bench import CpuMark, connect_admin, percentiles
 
 DEFAULT_DB = os.environ.get(
     "RELAYBOX_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/relaybox_bench"
@@ -362,7 +365,7 @@ class Bench:
         await self.vacuum()
         with Relay(self, variant) as relay:
             assert relay.process is not None
-            cpu_before = cpu_seconds(relay.process.pid)
+            cpu_before, machine = cpu_seconds(relay.process.pid), CpuMark.now()
             receiving = asyncio.create_task(self.receive(stop, arrivals))
             _, committed, start = await asyncio.to_thread(
                 run_writers, self.db, self.table, writers=args.writers, rate=args.rate,
@@ -374,7 +377,10 @@ class Bench:
             stop.set()
             await receiving
             cpu = cpu_seconds(relay.process.pid) - cpu_before
+            usage = machine.usage()
+            sessions = await self.relay_sessions_cpu()
         spent = args.seconds
+        lifetime = WRITER_START_SECONDS + WARMUP_SECONDS + spent
         counted = {k: t for k, t in committed.items() if t[2] >= start + WARMUP_SECONDS}
         lags = [arrivals[k] - t[2] for k, t in counted.items() if k in arrivals]
         upper = [arrivals[k] - t[1] for k, t in counted.items() if k in arrivals]
@@ -386,8 +392,25 @@ class Bench:
             "from_commit_sent": percentiles(upper),
             "writer_transaction_ms": round(statistics.fmean(spans) * 1000, 3),
             "load_average_1m": round(os.getloadavg()[0], 2),  # others' load on the machine
-            "relay_cpu_share": round(cpu / (WRITER_START_SECONDS + WARMUP_SECONDS + spent), 3),
+            "relay_cpu_share": round(cpu / lifetime, 3),
+            # Where the machine's time went (on 2 cores, the tail follows it): the
+            # relay's database sessions over the same time, this process (the stream
+            # reader), and the whole machine.
+            "relay_sessions_cpu_share": None if sessions is None else round(sessions / lifetime, 3),
+            "bench_process_cpu_share": _percent(usage["bench_process_percent"]),
+            "machine_busy_share": _percent(usage["machine_busy_percent"]),
         }  # fmt: skip
+
+    async def relay_sessions_cpu(self) -> float | None:
+        """CPU seconds of the relay's PostgreSQL sessions so far (they start with it)."""
+        if not self.postgresql:
+            return None
+        async with await psycopg.AsyncConnection.connect(self.db, autocommit=True) as conn:
+            rows = await (await conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'relaybox'"
+                " AND datname = current_database() AND pid <> pg_backend_pid()"
+            )).fetchall()  # fmt: skip
+        return sum(cpu_seconds(pid) for (pid,) in rows)
 
     async def throughput_run(self, variant: str) -> dict[str, Any]:
         args = self.args
@@ -468,6 +491,10 @@ async def counted_trickle(bench: Bench, variant: str, rate: float) -> dict[str, 
             "per_message": round(statements / max(1, len(committed)), 1)}  # fmt: skip
 
 
+def _percent(value: float | None) -> float | None:
+    return None if value is None else round(value / 100, 3)
+
+
 def summarize(runs: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
     values = [run[key] for run in runs if run.get(key) is not None]
     if not values:
@@ -495,7 +522,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 run = await bench.latency_run(variant)
                 latency[variant].append(run)
                 print(json.dumps({"phase": "latency", **run}), file=sys.stderr)
-        keys = ("p50_ms", "p99_ms", "max_ms", "writer_transaction_ms", "relay_cpu_share")
+        keys = (
+            "p50_ms",
+            "p99_ms",
+            "max_ms",
+            "writer_transaction_ms",
+            "relay_cpu_share",
+            "relay_sessions_cpu_share",
+            "bench_process_cpu_share",
+            "machine_busy_share",
+        )
         report["latency"] = {
             v: {k: summarize(runs, k) for k in keys} | {"runs": runs} for v, runs in latency.items()
         }
