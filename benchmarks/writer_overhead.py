@@ -30,7 +30,7 @@ any variant notifies, a relaybox listener (`relaybox.storage.pg_listen`) runs in
 own process, as a relay would, and counts what it receives.
 
 Alternating per transaction in a fixed order, a variant also meets the one before it:
-with three or more variants, the one that follows an outbox variant ran 0.6-1.1 points
+with three or more variants, the one that follows an outbox variant ran 0.2-1.1 points
 faster than the one that follows the plain row, whichever it was (with two, each
 follows the other alike). To compare three or more, use `--slice 0.05`.
 
