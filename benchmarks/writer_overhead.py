@@ -31,8 +31,8 @@ own process, as a relay would, and counts what it receives.
 
 Alternating per transaction in a fixed order, a variant also meets the one before it:
 with three or more variants, the one that follows an outbox variant ran 0.2-1.1 points
-faster than the one that follows the plain row, whichever it was (with two, each
-follows the other alike). To compare three or more, use `--slice 0.05`.
+faster than the one that follows the plain row, whichever it was. To compare three or
+more, use `--slice 0.05`.
 
 Alternating per transaction, a NOTIFY-every-time variant commits next to other
 variants' transactions, so only part of the clients contend for NOTIFY's commit lock
