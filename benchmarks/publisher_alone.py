@@ -46,7 +46,7 @@ def message(topic: str, n: int, pad: str, keys: int, now: datetime.datetime) -> 
         key=f"k{n % keys}", partition=n % 64, type=topic, content_type="application/json",
         payload=f'{{"n":"{n:09d}","pad":"{pad}"}}'.encode(), headers={},
         correlation_id=None, causation_id=None, tenant_id=None, aggregate_id=None,
-        occurred_at=now, created_at=now, attempts=0,
+        occurred_at=now, attempts=0,
     )  # fmt: skip
 
 

@@ -338,10 +338,10 @@ class Bench:
         import redis.asyncio as aioredis
 
         client = aioredis.from_url(self.args.redis)
-        last = "$"  # the runs before this one are not read again
+        last: Any = "$"  # the runs before this one are not read again
         try:
             while not stop.is_set():
-                found = await client.xread({self.stream: last}, count=1000, block=200)
+                found: Any = await client.xread({self.stream: last}, count=1000, block=200)
                 now = time.monotonic()
                 for _, entries in found:
                     for entry_id, fields in entries:
@@ -361,7 +361,7 @@ class Bench:
     async def latency_run(self, variant: str) -> dict[str, Any]:
         args = self.args
         notify = VARIANTS[variant][0]
-        stop, arrivals = asyncio.Event(), {}
+        stop, arrivals = asyncio.Event(), dict[str, float]()
         await self.vacuum()
         with Relay(self, variant) as relay:
             assert relay.process is not None

@@ -92,8 +92,12 @@ def setup() -> bytes:
         with conn.transaction(force_rollback=True):
             Outbox(table=OUTBOX).add(conn, sample_message("order-0-0"))
             plain_insert(conn, "order-0-0", b"")
-            (outbox_size,) = conn.execute(f"SELECT pg_column_size(t.*) FROM {OUTBOX} t").fetchone()
-            (plain_size,) = conn.execute(f"SELECT pg_column_size(t.*) FROM {PLAIN} t").fetchone()
+            sizes = conn.execute(
+                f"SELECT (SELECT pg_column_size(t.*) FROM {OUTBOX} t),"
+                f" (SELECT pg_column_size(t.*) FROM {PLAIN} t)"
+            ).fetchone()
+    assert sizes is not None
+    outbox_size, plain_size = int(sizes[0]), int(sizes[1])
     return b"p" * max(0, outbox_size - plain_size)
 
 
