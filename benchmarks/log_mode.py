@@ -125,8 +125,12 @@ def setup(url: str) -> bytes:
         with conn.transaction(force_rollback=True):  # pad the plain row to the outbox row
             Outbox(table=OUTBOX).add(conn, Message(topic="orders", key="k", payload=PAYLOAD))
             plain_insert(conn, "k", b"")
-            (outbox_size,) = conn.execute(f"SELECT pg_column_size(t.*) FROM {OUTBOX} t").fetchone()
-            (plain_size,) = conn.execute(f"SELECT pg_column_size(t.*) FROM {PLAIN} t").fetchone()
+            sizes = conn.execute(
+                f"SELECT (SELECT pg_column_size(t.*) FROM {OUTBOX} t),"
+                f" (SELECT pg_column_size(t.*) FROM {PLAIN} t)"
+            ).fetchone()
+    assert sizes is not None
+    outbox_size, plain_size = int(sizes[0]), int(sizes[1])
     return b"p" * max(0, outbox_size - plain_size)
 
 
@@ -320,7 +324,13 @@ def walbox_consumer(url: str, out: str, ready: str) -> None:
     import contextlib
 
     import psycopg
-    from walbox import ChangeKind, CheckpointHandle, Transaction, Walbox, WalboxOptions
+    from walbox import (  # type: ignore[import-not-found]  # in a venv of its own
+        ChangeKind,
+        CheckpointHandle,
+        Transaction,
+        Walbox,
+        WalboxOptions,
+    )
 
     seen: dict[str, float] = {}
 
@@ -400,10 +410,10 @@ def latency(url: str, args: argparse.Namespace) -> dict[str, Any]:
     for p in writers:
         p.join()
     time.sleep(2.0)  # the last messages' way through
-    for p in procs.values():
-        p.send_signal(signal.SIGTERM)
-    for p in procs.values():
-        p.wait(30)
+    for consumer in procs.values():
+        consumer.send_signal(signal.SIGTERM)
+    for consumer in procs.values():
+        consumer.wait(30)
     records = [r for i in range(args.writers)
                for r in json.loads((work / f"writer{i}.json").read_text())]  # fmt: skip
     seen_by = {name: json.loads((work / f"{name}.json").read_text()) for name in procs}
@@ -488,7 +498,7 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="throughput,latency")
     args = parser.parse_args()
     server = None if args.url else start_server()
-    url = args.url or server.url
+    url = args.url if server is None else server.url
     try:
         padding = setup(url)
         result: dict[str, Any] = {"benchmark": "log_mode", "clients": args.clients,

@@ -341,7 +341,7 @@ async def series(
     cfg: Config, admin: bench.PostgresAdmin, counts: list[int], messages: int
 ) -> dict[str, Any]:
     """For each N: N relays, then the raw loop on N connections, on the same backlog."""
-    runs = []
+    runs: list[dict[str, Any]] = []
     for n in counts:
         progress(f"{messages} messages: {n} relay process(es)")
         relay = await relay_drain(cfg, admin, n, messages)

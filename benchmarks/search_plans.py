@@ -163,7 +163,7 @@ def explain(
     with conn.transaction(force_rollback=True):
         for query, params in sent:
             if query.lstrip().upper().startswith("SET LOCAL"):
-                conn.execute(query)  # type: ignore[arg-type]
+                conn.execute(query)
                 continue
             found.append(_explain_one(conn, table, query, params))
     return found
@@ -173,7 +173,7 @@ def _explain_one(
     conn: psycopg.Connection[Any], table: str, query: str, params: list[Any]
 ) -> dict[str, Any]:
     conn.execute("DEALLOCATE ALL")
-    conn.execute(pgsql.SQL("PREPARE q AS {}").format(pgsql.SQL(query)))  # type: ignore[arg-type]
+    conn.execute(pgsql.SQL("PREPARE q AS {}").format(pgsql.SQL(query)))
     execute = (
         pgsql.SQL("EXECUTE q ({})").format(pgsql.SQL(", ").join(pgsql.Literal(p) for p in params))
         if params
