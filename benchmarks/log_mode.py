@@ -66,6 +66,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, padding_to_match
+
 ROOT = Path(__file__).resolve().parent.parent
 OUTBOX, LOG_TABLE, ORDERS, PLAIN = (
     "bench_lm_outbox",
@@ -125,13 +128,8 @@ def setup(url: str) -> bytes:
         with conn.transaction(force_rollback=True):  # pad the plain row to the outbox row
             Outbox(table=OUTBOX).add(conn, Message(topic="orders", key="k", payload=PAYLOAD))
             plain_insert(conn, "k", b"")
-            sizes = conn.execute(
-                f"SELECT (SELECT pg_column_size(t.*) FROM {OUTBOX} t),"
-                f" (SELECT pg_column_size(t.*) FROM {PLAIN} t)"
-            ).fetchone()
-    assert sizes is not None
-    outbox_size, plain_size = int(sizes[0]), int(sizes[1])
-    return b"p" * max(0, outbox_size - plain_size)
+            padding = padding_to_match(conn, OUTBOX, PLAIN)
+    return padding
 
 
 def fresh_slots(url: str) -> None:
@@ -511,9 +509,6 @@ def main() -> None:
             result["latency"] = latency(url, args)
         if args.drain:
             result["drain"] = drain(url, args.drain)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from _common import machine
-
         result["machine"] = machine()
     finally:
         if server is not None:

@@ -59,7 +59,7 @@ from typing import Any
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PG_URL, machine
+from _common import PG_URL, machine, padding_to_match
 
 from relaybox import Message, Outbox, sql
 from relaybox.migrations import migrate
@@ -92,13 +92,8 @@ def setup() -> bytes:
         with conn.transaction(force_rollback=True):
             Outbox(table=OUTBOX).add(conn, sample_message("order-0-0"))
             plain_insert(conn, "order-0-0", b"")
-            sizes = conn.execute(
-                f"SELECT (SELECT pg_column_size(t.*) FROM {OUTBOX} t),"
-                f" (SELECT pg_column_size(t.*) FROM {PLAIN} t)"
-            ).fetchone()
-    assert sizes is not None
-    outbox_size, plain_size = int(sizes[0]), int(sizes[1])
-    return b"p" * max(0, outbox_size - plain_size)
+            padding = padding_to_match(conn, OUTBOX, PLAIN)
+    return padding
 
 
 def teardown() -> None:
