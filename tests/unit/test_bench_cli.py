@@ -116,6 +116,9 @@ def test_bench_times_relay_processes_publishing_nowhere_to_the_last_settle() -> 
         assert drain["first_confirm_seconds"] is None
         assert drain["relay_exit_codes"] == [0]
         assert drain["relay_event_loops"] == ["uvloop"]  # as `relaybox relay` runs by default
+        # The relays' CPU from their first settle on: their start (imports) left out.
+        assert 0 < drain["first_settle_seconds"] <= drain["all_settled_seconds"]
+        assert 0 <= drain["relay_cpu_us_per_message_after_first_settle"] < 1e6
     assert report["paced"] is None
     assert _pg_tables(table) == []
     assert _pg_functions(table) == []  # the heartbeat, claim and read functions too

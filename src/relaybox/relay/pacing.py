@@ -49,7 +49,9 @@ class ClaimPacing:
 
     def took(self, messages: Iterable[StoredMessage], count: int, *, beside: bool) -> None:
         """A claim (beside a full batch or not) took `count` rows, `messages`."""
-        self.deep = _deep(messages)
+        # Whether the batch is deep matters only to a relay whose reads do not follow
+        # the rows in flight (`wait_for_a_settle`): no pass over the batch otherwise.
+        self.deep = not self.follows and _deep(messages)
         self.full = count >= self.batch_size
         if beside or not self.full:  # a claim beside one paid off, or the backlog is gone
             self.futile = self.hold = 0

@@ -280,23 +280,36 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         if not batch.ahead:
             return await run(batch.messages)
         ahead = batch.ahead
+        # The keys this batch shares with each batch ahead, intersected in C: a row
+        # waits for the batches ahead whose shares hold its key.
+        shared = [batch.keys & earlier.keys for earlier in ahead]
         first: list[StoredMessage] = []
         waiting: dict[tuple[int, ...], list[StoredMessage]] = {}
-        holders_of: dict[tuple[str, str], tuple[int, ...]] = {}
-        for message in batch.messages:
-            if message.key is None:
-                first.append(message)
-                continue
-            key = (message.target, message.key)
-            holders = holders_of.get(key)
-            if holders is None:
-                holders = holders_of[key] = tuple(
-                    i for i, earlier in enumerate(ahead) if key in earlier.keys
-                )
-            if holders:
-                waiting.setdefault(holders, []).append(message)
-            else:
-                first.append(message)
+        if len(shared) == 1:  # the rule in a drain: one batch ahead, one membership test
+            held, behind = shared[0], []
+            for message in batch.messages:
+                if message.key is not None and (message.target, message.key) in held:
+                    behind.append(message)
+                else:
+                    first.append(message)
+            if behind:
+                waiting[(0,)] = behind
+        else:
+            holders_of: dict[tuple[str, str], tuple[int, ...]] = {}
+            for message in batch.messages:
+                if message.key is None:
+                    first.append(message)
+                    continue
+                key = (message.target, message.key)
+                holders = holders_of.get(key)
+                if holders is None:
+                    holders = holders_of[key] = tuple(
+                        i for i, keys in enumerate(shared) if key in keys
+                    )
+                if holders:
+                    waiting.setdefault(holders, []).append(message)
+                else:
+                    first.append(message)
 
         async def after(holders: tuple[int, ...], rows: list[StoredMessage]) -> float:
             those = [ahead[i] for i in holders]

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import math
+import operator
 import uuid
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
@@ -341,10 +342,14 @@ class PostgresStorage(SqlStorage):
         window = 2 * limit + len(in_flight)  # live rows the read looks at
         found = await self._fetch(
             "read", limit, _list(partitions), require_partitions(partition_count),
-            _list(targets), _array_text(m.seq for m in in_flight), keys, window,
+            _list(targets), _array_text(map(_SEQ, in_flight)), keys, window,
             byte_budget(max_bytes), at_least_one,
         )  # fmt: skip
         return readable(found, partition_count, self._decode)
+
+
+#: A stored message's seq, read in C.
+_SEQ = operator.attrgetter("seq")
 
 
 def _array_text(numbers: Iterable[int]) -> str:

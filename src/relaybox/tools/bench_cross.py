@@ -324,6 +324,8 @@ class DrainClock:
         self.first_at: float | None = None
         #: When the oldest row first left the table (a batch settled).
         self.first_settle_at: float | None = None
+        #: Each relay's CPU seconds then.
+        self.first_settle_cpu: list[float] = []
         self.probes = 0
         self.owners: list[dict[str, Any]] = []
         self._probe = probe
@@ -374,6 +376,7 @@ class DrainClock:
                     first = head
                 elif self.first_settle_at is None and head != first:
                     self.first_settle_at = self.since()
+                    self.first_settle_cpu = [r.cpu_seconds() for r in fleet.relays]
                 if head is None:
                     break
                 fleet.check()
@@ -463,6 +466,11 @@ async def drain(
         result["first_settle_seconds"] = round(clock.first_settle_at, 3)
         result["msg_per_s_after_first_settle"] = bench._rate(
             options.messages, settled - clock.first_settle_at
+        )
+        # What the relays' steady work costs, their start left out: CPU from the first
+        # settle to the last, over the messages of the drain (as the rate above).
+        result["relay_cpu_us_per_message_after_first_settle"] = round(
+            1e6 * (sum(relay_cpu) - sum(clock.first_settle_cpu)) / options.messages, 2
         )
     if clock.owners:
         result["partition_owners"] = clock.owners
