@@ -46,6 +46,20 @@ def test_a_deep_batch_makes_the_next_claim_wait_for_a_settle() -> None:
     assert not pacing.wait_for_a_settle(in_flight=False)  # nothing in flight: claim
 
 
+def test_a_deep_batch_read_while_reads_followed_holds_claims_once_they_no_longer_do() -> None:
+    """Reads that follow the rows in flight find the keys' next rows beside a deep
+    batch; once a settle stops them following, the same batch makes claims wait."""
+    pacing = ClaimPacing(BATCH)
+    pacing.follows = True
+    pacing.took(rows("a", "a"), 2, beside=False)
+    assert not pacing.wait_for_a_settle(in_flight=True)
+    pacing.follows = False  # a batch beside it left rows of its keys in the table
+    pacing.found_nothing(beside=False)  # an empty claim tells nothing of the batch
+    assert pacing.wait_for_a_settle(in_flight=True)
+    pacing.took(rows("a", "b"), 2, beside=False)
+    assert not pacing.wait_for_a_settle(in_flight=True)
+
+
 def test_keyless_rows_and_distinct_keys_are_not_deep() -> None:
     pacing = ClaimPacing(BATCH)
     pacing.took(rows(None, None, "a", "b"), 4, beside=False)

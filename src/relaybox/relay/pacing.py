@@ -20,7 +20,7 @@ next rows beside the batch that holds their heads: *deep* does not hold it back.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from relaybox.core.records import StoredMessage
 
@@ -31,27 +31,36 @@ MOST_FUTILE = 6
 @dataclasses.dataclass
 class ClaimPacing:
     batch_size: int
-    deep: bool = False
     full: bool = False
     futile: int = 0
     #: Reads take the rows queued behind those in flight in their key.
     follows: bool = False
     #: Batches that must settle before the next claim beside one in flight.
     hold: int = 0
+    #: The last claim's rows, until `deep` is asked of them: a relay whose reads follow
+    #: the rows in flight seldom asks, and makes no pass over its batches for it.
+    _last: Sequence[StoredMessage] = dataclasses.field(default=(), init=False, repr=False)
+    _deep: bool | None = dataclasses.field(default=False, init=False, repr=False)
+
+    @property
+    def deep(self) -> bool:
+        """Whether the last claim took two rows or more of one key."""
+        if self._deep is None:
+            self._deep = _deep(self._last)
+            self._last = ()
+        return self._deep
 
     def wait_for_a_settle(self, in_flight: bool) -> bool:
         """Whether the next claim should wait until a batch in flight has settled."""
-        return in_flight and ((self.deep and not self.follows) or self.hold > 0)
+        return in_flight and ((not self.follows and self.deep) or self.hold > 0)
 
     def beside(self, in_flight: bool) -> bool:
         """Whether a claim now runs beside a full batch in flight."""
         return in_flight and self.full
 
-    def took(self, messages: Iterable[StoredMessage], count: int, *, beside: bool) -> None:
+    def took(self, messages: Sequence[StoredMessage], count: int, *, beside: bool) -> None:
         """A claim (beside a full batch or not) took `count` rows, `messages`."""
-        # Whether the batch is deep matters only to a relay whose reads do not follow
-        # the rows in flight (`wait_for_a_settle`): no pass over the batch otherwise.
-        self.deep = not self.follows and _deep(messages)
+        self._last, self._deep = messages, None  # looked at when `deep` is asked
         self.full = count >= self.batch_size
         if beside or not self.full:  # a claim beside one paid off, or the backlog is gone
             self.futile = self.hold = 0
