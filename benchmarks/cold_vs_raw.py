@@ -2,7 +2,7 @@
 
 `relaybox bench --cross-process --cold` measures the raw loop once, after its drains;
 on a shared machine whose speed drifts from one minute to the next (the raw loop alone
-has drained 100k rows at 78k msg/s in one run and 126k in another ten minutes later),
+has drained 100k rows at 78k msg/s in one run and 126k in the next, under a minute later),
 a ratio of two figures measured a minute apart says as much about the drift as about
 the relay. This script measures the two side by side, a few seconds apart, round after
 round, and reports each round's ratio, then their median.
@@ -18,7 +18,8 @@ failure:
 - raw: the same fill into the other table, then VACUUM ANALYZE (the raw loop's best
   case, as `relaybox bench` measures it), drained by `relaybox bench`'s raw loop
   (`DELETE ... WHERE seq IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING ...`) on one
-  connection, refilled, and drained on two: the faster is the raw limit.
+  connection, refilled and analyzed again, and drained on two: the faster is the raw
+  limit.
 
 Rounds alternate which goes first. The relay processes are stopped by their PIDs.
 Prints one JSON document; progress goes to stderr.
