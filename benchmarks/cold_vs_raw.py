@@ -15,11 +15,11 @@ failure:
   vacuumed or analyzed; a fresh `relaybox relay` process (no-op broker, the CLI's
   defaults) drains it, timed from its spawn and from its first settle to the table
   holding no live row (`bench_cross.drain`, as `relaybox bench` times it);
-- raw: the same fill into the other table, then VACUUM ANALYZE (the raw loop's best
-  case, as `relaybox bench` measures it), drained by `relaybox bench`'s raw loop
-  (`DELETE ... WHERE seq IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING ...`) on one
-  connection, refilled and analyzed again, and drained on two: the faster is the raw
-  limit.
+- raw: `relaybox bench`'s own raw limit (`bench.raw_limit`) on the other table: the
+  same rows, written by this process and VACUUM ANALYZEd (the raw loop's best case),
+  drained by the raw loop (`DELETE ... WHERE seq IN (SELECT ... FOR UPDATE SKIP
+  LOCKED) RETURNING ...`) on one connection, refilled, and drained on two: the faster
+  is the raw limit.
 
 Rounds alternate which goes first. The relay processes are stopped by their PIDs.
 Prints one JSON document; progress goes to stderr.
@@ -72,16 +72,6 @@ async def relay_drain(options: bench.BenchOptions, admin: bench.Admin) -> dict[s
     }
 
 
-async def raw_drain(options: bench.BenchOptions, admin: bench.PostgresAdmin) -> dict[str, Any]:
-    rates = []
-    for connections in (1, 2):
-        await bench_cross.fill(options, admin, analyze=True)
-        rates.append(await bench._raw_drain(options, admin, connections))
-    one, two = rates
-    return {"one_connection_msg_per_s": one, "two_connections_msg_per_s": two,
-            "raw_limit_msg_per_s": max(one or 0.0, two or 0.0)}  # fmt: skip
-
-
 async def one_round(db: str, messages: int, relay_first: bool) -> dict[str, Any]:
     admin = await bench.connect_admin(DatabaseUrl.parse(db))
     assert isinstance(admin, bench.PostgresAdmin), "the raw loop runs on PostgreSQL"
@@ -96,7 +86,9 @@ async def one_round(db: str, messages: int, relay_first: bool) -> dict[str, Any]
             if step == "relay":
                 result["relay"] = await relay_drain(relay_options, admin)
             else:
-                result["raw"] = await raw_drain(raw_options, admin)
+                result["raw"] = await bench.raw_limit(
+                    raw_options, admin, bench.Workload(raw_options)
+                )
     finally:
         for table in tables:
             await admin.drop(table)
