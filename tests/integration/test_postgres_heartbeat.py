@@ -128,3 +128,36 @@ async def test_a_heartbeat_that_moves_partitions_takes_a_second_step(
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_fresh_relays_statements_ask_asyncpg_for_no_type(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """asyncpg learns an array type it does not know (an array of integers) by asking
+    the server, about 4 ms of server time on each new connection: a fresh relay did
+    so before its first heartbeat and again before its first read. Its statements
+    take and return such arrays as text, so no connection asks."""
+    import asyncpg
+
+    asked: list[object] = []
+    introspect = asyncpg.Connection._introspect_types
+
+    async def recorded(self: Any, typeoids: Any, timeout: Any) -> Any:
+        asked.append(typeoids)
+        return await introspect(self, typeoids, timeout)
+
+    monkeypatch.setattr(asyncpg.Connection, "_introspect_types", recorded)
+    table = unique_table("beat")
+    await create(PG_URL, table)
+    storage = await PostgresStorage.connect(DatabaseUrl.parse(PG_URL), table=table)
+    try:
+        held = await storage.heartbeat("w1", partitions=PARTITIONS, lease_seconds=LEASE)
+        assert held.partitions == set(range(PARTITIONS))
+        mine = sorted(held.partitions)[:4]
+        assert await storage.read(limit=10, partitions=mine, partition_count=PARTITIONS) == []
+        claim = await storage.claim("w1", limit=10, lease_seconds=LEASE, partitions=mine)
+        assert claim.messages == []
+        assert asked == []
+    finally:
+        await storage.close()
+        drop(PG_URL, table)

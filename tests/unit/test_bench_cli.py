@@ -120,6 +120,10 @@ def test_bench_times_relay_processes_publishing_nowhere_to_the_last_settle() -> 
         # The relays' CPU from their first settle on: their start (imports) left out.
         assert 0 < drain["first_settle_seconds"] < drain["all_settled_seconds"]
         assert 0 < drain["relay_cpu_us_per_message_after_first_settle"] < 1e6
+        # From the relay running: its start left out, its first (cold) read kept in.
+        assert 0 < drain["relay_start_seconds"] < drain["first_settle_seconds"]
+        assert drain["msg_per_s"] < drain["msg_per_s_from_running"]
+        assert drain["msg_per_s_from_running"] < drain["msg_per_s_after_first_settle"]
     assert report["paced"] is None
     assert _pg_tables(table) == []
     assert _pg_functions(table) == []  # the heartbeat, claim and read functions too

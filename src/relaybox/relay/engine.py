@@ -279,8 +279,19 @@ class Relay:
         generic plans are right (held by test), and run them so: none is planned again
         at every call."""
         if isinstance(database, str):
-            claims, settles = [await self._open(database, opened, hot=True) for _ in range(2)]
-            housekeeping = await self._open(database, opened)
+            # Side by side: each is a few round trips (connect, sign in, the schema
+            # check), and a fresh relay waits for all three before its first read. Every
+            # attempt ends before an error is raised, so `opened` holds all that opened.
+            results = await asyncio.gather(
+                self._open(database, opened, hot=True), self._open(database, opened, hot=True),
+                self._open(database, opened), return_exceptions=True,
+            )  # fmt: skip
+            storages = []
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+                storages.append(result)
+            claims, settles, housekeeping = storages
             return Connections(claims, settles, housekeeping, housekeeping)
         if not isinstance(database, port) or not isinstance(database, OperatorStorage):
             raise ConfigurationError(

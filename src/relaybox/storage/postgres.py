@@ -276,7 +276,7 @@ class PostgresStorage(SqlStorage):
         heartbeats from deadlocking is the function's alone."""
         count, lease = require_partitions(partitions), float(lease_seconds)
         ((live, served, held),) = await self._fetch("heartbeat", worker, lease, target, count)
-        plan = rebalance(held, count, int(live), busy)
+        plan = rebalance(_parsed_numbers(held), count, int(live), busy)
         taken: list[int] = []
         if plan.release or plan.wanted:
             taken = await self._run(
@@ -298,7 +298,7 @@ class PostgresStorage(SqlStorage):
     ) -> Claim:
         token = uuid.uuid4()
         budget = byte_budget(max_bytes)
-        args = [worker, limit, _list(partitions), require_partitions(partition_count),
+        args = [worker, limit, _numbers(partitions), require_partitions(partition_count),
                 _list(targets), token, float(lease_seconds), self._lock_key, budget,
                 True]  # fmt: skip
         found = await self._fetch("claim", *args)
@@ -341,7 +341,7 @@ class PostgresStorage(SqlStorage):
         )
         window = 2 * limit + len(in_flight)  # live rows the read looks at
         found = await self._fetch(
-            "read", limit, _list(partitions), require_partitions(partition_count),
+            "read", limit, _numbers(partitions), require_partitions(partition_count),
             _list(targets), _array_text(map(_SEQ, in_flight)), keys, window,
             byte_budget(max_bytes), at_least_one,
         )  # fmt: skip
@@ -355,6 +355,17 @@ _SEQ = operator.attrgetter("seq")
 def _array_text(numbers: Iterable[int]) -> str:
     """Integers as PostgreSQL array text, `{1,2,3}`."""
     return "{" + ",".join(map(str, numbers)) + "}"
+
+
+def _numbers(values: Iterable[int] | None) -> str | None:
+    """Integers as array text, or None (the queries' "any partition")."""
+    return None if values is None else _array_text(values)
+
+
+def _parsed_numbers(text: str | None) -> list[int]:
+    """Array text of integers (`{1,2,3}`, `{}`, or NULL) as a list."""
+    inner = (text or "{}")[1:-1]
+    return [int(number) for number in inner.split(",")] if inner else []
 
 
 def _list(values: Sequence[Any] | None) -> list[Any] | None:
