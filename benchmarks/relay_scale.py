@@ -380,8 +380,9 @@ async def run(cfg: Config, args: argparse.Namespace) -> dict[str, Any]:
         "database": {"url": url.masked, "table": cfg.table},
         "settings": {
             "relay_command": shlex.join(cfg.relay_command()).replace(cfg.db, url.masked),
-            "relay": "CLI defaults besides the flags above: 2 batches in flight, lease 30 s "
-                     "(partition heartbeat every 5 s), LISTEN on",
+            "relay": "CLI defaults besides the flags above: 3 batches in flight (a relay "
+                     "of a fleet its share of them, at least one), lease 30 s (partition "
+                     "heartbeat every 5 s), LISTEN on",
             "raw_query": bench.RAW_CLAIM.format(table="<table>"),
             "raw_loop": "bench._raw_drain: N asyncpg connections in this process, one "
                         "loop each, timed from the first DELETE to the last empty one",
