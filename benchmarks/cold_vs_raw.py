@@ -51,6 +51,12 @@ from relaybox.storage.urls import DatabaseUrl
 from relaybox.tools import bench, bench_cross
 
 DEFAULT_DB = "postgresql://postgres@127.0.0.1:5432/relaybox_bench"
+#: The relay's three clocks: name -> the drain's rate by it.
+CLOCKS = {
+    "after_first_settle": "msg_per_s_after_first_settle",
+    "from_running": "msg_per_s_from_running",
+    "from_spawn": "msg_per_s",
+}
 
 
 def options_for(db: str, messages: int, table: str) -> bench.BenchOptions:
@@ -99,9 +105,8 @@ async def one_round(db: str, messages: int, relay_first: bool) -> dict[str, Any]
             await admin.drop(table)
         await admin.close()
     raw = result["raw"]["raw_limit_msg_per_s"]
-    for name, rate in (("after_first_settle", result["relay"]["msg_per_s_after_first_settle"]),
-                       ("from_running", result["relay"]["msg_per_s_from_running"]),
-                       ("from_spawn", result["relay"]["msg_per_s"])):  # fmt: skip
+    for name, key in CLOCKS.items():
+        rate = result["relay"][key]
         result[f"relay_vs_raw_{name}"] = round(rate / raw, 3) if rate and raw else None
     return result
 
@@ -120,21 +125,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         print(f"[cold_vs_raw] round {n + 1} of {args.rounds}", file=sys.stderr, flush=True)
         rounds.append(await one_round(args.db, args.messages, relay_first=n % 2 == 0))
     summary = {
-        name: spread([r[name] for r in rounds if r[name] is not None])
-        for name in (
-            "relay_vs_raw_after_first_settle",
-            "relay_vs_raw_from_running",
-            "relay_vs_raw_from_spawn",
+        f"relay_vs_raw_{name}": spread(
+            [r[f"relay_vs_raw_{name}"] for r in rounds if r[f"relay_vs_raw_{name}"] is not None]
         )
+        for name in CLOCKS
     }
-    for name, path in (
-        ("relay_msg_per_s_after_first_settle", ("relay", "msg_per_s_after_first_settle")),
-        ("relay_msg_per_s_from_running", ("relay", "msg_per_s_from_running")),
-        ("relay_msg_per_s_from_spawn", ("relay", "msg_per_s")),
-        ("raw_limit_msg_per_s", ("raw", "raw_limit_msg_per_s")),
-    ):
-        found = [r[path[0]][path[1]] for r in rounds]
-        summary[name] = spread([v for v in found if v])
+    paths = {f"relay_msg_per_s_{name}": ("relay", key) for name, key in CLOCKS.items()}
+    paths["raw_limit_msg_per_s"] = ("raw", "raw_limit_msg_per_s")
+    for name, (side, key) in paths.items():
+        summary[name] = spread([v for r in rounds if (v := r[side][key])])
     return {
         "benchmark": "cold_vs_raw",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

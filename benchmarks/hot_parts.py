@@ -48,7 +48,6 @@ from redis.asyncio.connection import Connection as RedisConnection
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PG_URL, machine
 
-from relaybox.core import envelope
 from relaybox.core.ids import uuid7
 from relaybox.core.payload import encode_payload
 from relaybox.core.records import StoredMessage
@@ -91,15 +90,7 @@ def redis_pair(message: StoredMessage, number: int, repeat: int) -> dict[str, fl
     stream = "outbox:" + message.topic
 
     def ours() -> bytes:
-        values = envelope.common_values(message)
-        command = (
-            None if values is None
-            else redis_publisher.common_entry(stream, trim, message, values, SOURCE)
-        )  # fmt: skip
-        return b"".join(command or redis_protocol.xadd(
-            stream, trim, redis_publisher.DATA_FIELD, message.payload,
-            redis_publisher.text_fields(message, SOURCE), redis_publisher._FIELD_HEADS,
-        ))  # fmt: skip
+        return b"".join(redis_publisher.entry(stream, trim, message, SOURCE))
 
     connection = RedisConnection()
 

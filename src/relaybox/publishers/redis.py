@@ -172,6 +172,17 @@ def text_fields(message: StoredMessage, source: str) -> dict[str, str]:
     return entry
 
 
+def entry(stream: str, trim: tuple[int, str], message: StoredMessage, source: str) -> list[bytes]:
+    """The parts of one message's XADD command: `common_entry` for the commonest shape,
+    else `redis_protocol.xadd` of every field. Raises UnicodeEncodeError for text UTF-8
+    cannot carry and InvalidHeadersError for a header that poses as the envelope's."""
+    values = envelope.common_values(message)
+    command = None if values is None else common_entry(stream, trim, message, values, source)
+    return command or redis_protocol.xadd(
+        stream, trim, DATA_FIELD, message.payload, text_fields(message, source), _FIELD_HEADS
+    )
+
+
 def common_entry(
     stream: str, trim: tuple[int, str], message: StoredMessage,
     values: tuple[str, str, str, str, str], source: str,
@@ -275,15 +286,7 @@ class RedisPublisher:
         for index, message in enumerate(messages):
             stream = self.prefix + message.topic
             try:
-                values = envelope.common_values(message)
-                command = (
-                    None if values is None
-                    else common_entry(stream, trim, message, values, source)
-                )  # fmt: skip
-                commands += command or redis_protocol.xadd(
-                    stream, trim, DATA_FIELD, message.payload,
-                    text_fields(message, source), _FIELD_HEADS,
-                )  # fmt: skip
+                commands += entry(stream, trim, message, source)
             except UnicodeEncodeError as error:
                 refused[index] = permanent(f"the entry cannot be sent as UTF-8: {error}")
             except InvalidHeadersError as error:  # a stored row's header poses as the envelope's
