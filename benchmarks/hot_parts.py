@@ -17,6 +17,11 @@ wall time would be the server's). The pairs:
 - `nats`: one relaybox message's HPUB frame as the NATS publisher makes it beside
   nats-py's own `publish()` of the same headers (`publishers.nats.wire_headers`) into a
   client's send buffer (not connected; the frame is what the tests compare).
+- `in_flight`: what a relay's read sends of the rows in flight, in a drain: two batches
+  of 500 rows beside it. Batch by batch (`RowsInFlight`: each batch's seqs made text
+  once, when it goes in flight, and a read joins the texts; a call makes one batch's
+  text, as each read of a drain follows one new batch) beside every seq made text at
+  every read. `--number` / 50 calls.
 - `psycopg`: a writer statement executed through one kept cursor (what the writer's
   psycopg channel does) beside `Connection.execute`, which makes a cursor per call;
   process CPU per statement over `--statements` statements each, alternated in rounds.
@@ -50,10 +55,11 @@ from _common import PG_URL, machine
 
 from relaybox.core.ids import uuid7
 from relaybox.core.payload import encode_payload
-from relaybox.core.records import StoredMessage
+from relaybox.core.records import RowsInFlight, StoredMessage, seq_text
 from relaybox.publishers import nats as nats_publisher
 from relaybox.publishers import nats_protocol, redis_protocol
 from relaybox.publishers import redis as redis_publisher
+from relaybox.storage import postgres as postgres_storage
 from relaybox.storage.rows import decode_exact
 
 SOURCE = "/relaybox/bench"
@@ -145,6 +151,26 @@ def nats_pair(message: StoredMessage, number: int, repeat: int) -> dict[str, flo
     return {"relaybox_us": a, "plain_way_us": b, "relaybox_over_plain": round(a / b, 3)}
 
 
+def in_flight_pair(message: StoredMessage, number: int, repeat: int) -> dict[str, float]:
+    older, newer = (
+        [message._replace(seq=seq) for seq in range(start, start + 500)]
+        for start in (10_000_000, 10_000_500)
+    )
+    older_text = seq_text(older)
+
+    def ours() -> str:
+        in_flight = RowsInFlight([(older, older_text), (newer, seq_text(newer))])
+        return postgres_storage._in_flight_text(in_flight)
+
+    def theirs() -> str:
+        in_flight = [m for batch in (older, newer) for m in batch]
+        return postgres_storage._array_text(map(postgres_storage._SEQ, in_flight))
+
+    if ours() != theirs():
+        raise AssertionError("the two ways sent different seqs")
+    return pair(ours, theirs, max(1, number // 50), repeat)
+
+
 def psycopg_pair(url: str, statements: int, rounds: int) -> dict[str, Any]:
     """Client CPU per INSERT: one kept cursor against a cursor per call."""
     query = "INSERT INTO bench_hot_parts (id, key, payload) VALUES (%s, %s, %s)"
@@ -203,6 +229,7 @@ def main() -> None:
         "record": pair(lambda: decode_exact(row), as_dataclass, number, repeat),
         "redis": redis_pair(message, number, repeat),
         "nats": nats_pair(message, number, repeat),
+        "in_flight": in_flight_pair(message, number, repeat),
         "psycopg": psycopg_pair(args.db, args.statements, args.rounds),
     }
     print(json.dumps(result, indent=2))

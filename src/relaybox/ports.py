@@ -151,6 +151,22 @@ class PartitionStorage(Storage, Protocol):
 
 
 @runtime_checkable
+class PlansAhead(Protocol):
+    """A storage that parses and plans each statement on a connection the first time it
+    runs it there (PostgreSQL), and can do so ahead of time: a relay asks for its
+    first batch's statements while its first heartbeat takes the partitions."""
+
+    async def plan_read(self, partition_count: int = DEFAULT_PARTITIONS) -> None:
+        """Plan `PartitionStorage.read` by running it once on nothing."""
+
+    async def plan_settle(
+        self, partition_count: int = DEFAULT_PARTITIONS, *, delete: bool = True
+    ) -> None:
+        """Plan the settle of published rows (deleted, or kept with `delete` false) by
+        running it once on no row."""
+
+
+@runtime_checkable
 class RowLeaseStorage(Storage, Protocol):
     """What a relay needs that leases each row (run without partition leases): a claim
     moves rows to processing under a token, and every mark is fenced by it."""

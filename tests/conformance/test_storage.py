@@ -15,7 +15,15 @@ from relaybox import Message
 from relaybox.core.lifecycle import Status
 from relaybox.core.message import DEFAULT_TARGET, Target
 from relaybox.core.partitions import partition_for, partition_of
-from relaybox.core.records import Assignment, Failure, Routing, Settled, StoredMessage
+from relaybox.core.records import (
+    Assignment,
+    Failure,
+    Routing,
+    RowsInFlight,
+    Settled,
+    StoredMessage,
+    seq_text,
+)
 from relaybox.ports import OperatorStorage, PartitionStorage, RowLeaseStorage, TableWriter
 from relaybox.storage.memory import MemoryStorage
 from relaybox.storage.sql import SqlStorage
@@ -580,8 +588,9 @@ async def test_a_keys_rows_share_one_partition_whatever_the_partition_count(
 # Owned reads: a relay that holds its partitions reads rows without writing anything.
 
 
-def in_flight(*messages: StoredMessage) -> list[StoredMessage]:
-    return list(messages)
+def in_flight(*messages: StoredMessage) -> RowsInFlight:
+    """Rows in flight as a relay hands them to a read: batch by batch (here, one)."""
+    return RowsInFlight([(messages, seq_text(messages))])
 
 
 async def hold_everything(
@@ -616,6 +625,25 @@ async def test_a_read_skips_what_is_in_flight_and_holds_back_its_keys(backend: B
     keyless = [m for m in beside if m.key is None]
     again = await backend.storage.read(limit=10, in_flight=in_flight(*keyless))
     assert [m.key for m in again] == ["k1", "k1", "k2", "k1"]
+
+
+async def test_rows_in_flight_read_alike_as_a_list_and_batch_by_batch(backend: Backend) -> None:
+    """A relay hands its rows in flight batch by batch, each batch's seqs made text
+    once; a read leaves out exactly what it leaves out of the same rows in a list."""
+    await write(backend, msg("k1"), msg("k2"), msg("k1"), msg(None), msg("k3"), msg("k2"))
+    first = await backend.storage.read(limit=3)
+    assert [m.key for m in first] == ["k1", "k2", "k1"]
+    batches = RowsInFlight(
+        [(first[:1], seq_text(first[:1])), ((), ""), (first[1:], seq_text(first[1:]))]
+    )
+    assert list(batches) == first
+    assert batches.seq_text == ",".join(str(m.seq) for m in first)
+    for after in (False, True):
+        listed = await backend.storage.read(limit=10, in_flight=list(first), after_in_flight=after)
+        batched = await backend.storage.read(limit=10, in_flight=batches, after_in_flight=after)
+        assert [m.seq for m in batched] == [m.seq for m in listed]
+        assert [m.key for m in batched][:2] == [None, "k3"]
+        assert not {m.seq for m in batched} & {m.seq for m in first}
 
 
 async def test_a_read_after_in_flight_takes_the_rows_behind_them_in_order(

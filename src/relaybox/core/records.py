@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import operator
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
@@ -121,6 +122,36 @@ class StoredMessage(NamedTuple):
     aggregate_id: str | None
     occurred_at: datetime.datetime
     attempts: int
+
+
+class RowsInFlight(list[StoredMessage]):
+    """The rows of the batches a relay has in flight, which its next read leaves out,
+    with their seqs as decimal text joined by commas (`seq_text`).
+
+    A batch stays in flight across two or three reads, and each read sends the seqs of
+    every row in flight: made into text at every read, they cost the relay a measured
+    share of its own work in a drain (docs/benchmarks.md). Each batch's text is made
+    once, and a read joins the batches' texts.
+    """
+
+    __slots__ = ("seq_text",)
+
+    def __init__(self, batches: Iterable[tuple[Sequence[StoredMessage], str]] = ()) -> None:
+        super().__init__()
+        texts = []
+        for messages, text in batches:
+            self.extend(messages)
+            if text:
+                texts.append(text)
+        self.seq_text = ",".join(texts)
+
+
+def seq_text(messages: Iterable[StoredMessage]) -> str:
+    """The messages' seqs as decimal text joined by commas, as `RowsInFlight` holds them."""
+    return ",".join(map(str, map(_SEQ, messages)))
+
+
+_SEQ = operator.attrgetter("seq")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

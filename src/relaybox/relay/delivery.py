@@ -154,6 +154,8 @@ class Delivery:
         `settlement` is recorded: a row of theirs here was not published, nor abandoned
         where that is final (a held one keeps its key waiting, see the module's
         docstring)."""
+        if len(settlement.published) == len(messages):  # the rule: every row published
+            return frozenset()
         final = set(settlement.published)
         if not self._hold_keys:
             final.update(failure.seq for failure in settlement.abandoned)

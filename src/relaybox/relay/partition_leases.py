@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from relaybox.core.partitions import fair_share
-from relaybox.core.records import Claim, OutboxStats, StoredMessage
+from relaybox.core.records import Claim, OutboxStats, RowsInFlight, StoredMessage, seq_text
 from relaybox.errors import RelayboxError
-from relaybox.ports import PartitionStorage
+from relaybox.ports import PartitionStorage, PlansAhead
 from relaybox.relay.delivery import Settlement
 from relaybox.relay.processor import Processor
 
@@ -112,8 +112,27 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
     def _tasks_of_mode(self) -> list[asyncio.Task[None]]:
         return [
             asyncio.create_task(self._heartbeat_loop(), name=f"relay-heartbeats-{self.name}"),
+            asyncio.create_task(self._plan_ahead(), name=f"relay-plans-{self.name}"),
             asyncio.create_task(self._watch_targets(), name=f"relay-targets-{self.name}"),
         ]
+
+    async def _plan_ahead(self) -> None:
+        """Have the read and the settle planned while the first heartbeat runs. A new
+        connection's server process parses and plans a statement when it first runs
+        it, its catalog caches empty: milliseconds that the first batch would wait for,
+        after the heartbeat, on a fresh relay's way to its first publish. Run on
+        nothing, each is ready by then. A failure only leaves the planning to the first
+        real call."""
+        settings, db = self._settings, self._db
+        plans = []
+        if isinstance(db.claims, PlansAhead):
+            plans.append(db.claims.plan_read(settings.partitions))
+        if isinstance(db.settles, PlansAhead):
+            delete = settings.published_retention == 0
+            plans.append(db.settles.plan_settle(settings.partitions, delete=delete))
+        for result in await asyncio.gather(*plans, return_exceptions=True):
+            if isinstance(result, Exception):
+                logger.debug("planning ahead failed: %s", result, extra={"action": "plan_ahead"})
 
     def reached(self, target: str) -> None:
         """A target's broker was reached: its heartbeat, skipped until now, comes at
@@ -152,7 +171,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
             return None  # nothing is ours to read (yet)
         settings = self._settings
         beside = self._read_beside = self._flight.batches()
-        in_flight = [m for batch in beside for m in batch.messages]
+        in_flight = RowsInFlight((batch.messages, batch.seq_text) for batch in beside)
         # Rows in flight are the earliest live rows of their keys, and a read may take
         # what follows them, unless a batch left rows of its keys in the table (failed,
         # handed back, not recorded) while later rows of those keys may be in flight:
@@ -194,7 +213,7 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         # settled meanwhile may have handed back rows that this one's rows follow.
         keys = frozenset((m.target, m.key) for m in claim.messages if m.key is not None)
         ahead = [batch for batch in self._read_beside if not keys.isdisjoint(batch.keys)]
-        batch = _Batch(claim.messages, keys, ahead)
+        batch = _Batch(claim.messages, keys, ahead, seq_text(claim.messages))
         # A batch read beside one that has since left rows in the table may hold rows
         # behind them (which it hands back): no read follows it either.
         if not self._unfollowed.isdisjoint(self._read_beside):
@@ -558,6 +577,8 @@ class _Batch:
     messages: Sequence[StoredMessage]
     keys: frozenset[tuple[str, str]]
     ahead: list[_Batch]
+    #: The rows' seqs as `RowsInFlight` takes them, made once for the reads beside it.
+    seq_text: str
     #: The keys with a row here not recorded published (or abandoned where that lets
     #: the key go on): their rows behind may not follow (set when `settled` is).
     held_back: frozenset[tuple[str, str]] = frozenset()

@@ -31,7 +31,7 @@ from relaybox.core.partitions import (
     rebalance,
     require_partitions,
 )
-from relaybox.core.records import Assignment, Claim, StoredMessage
+from relaybox.core.records import Assignment, Claim, RowsInFlight, StoredMessage
 from relaybox.errors import (
     SchemaError,
     StorageError,
@@ -342,10 +342,25 @@ class PostgresStorage(SqlStorage):
         window = 2 * limit + len(in_flight)  # live rows the read looks at
         found = await self._fetch(
             "read", limit, _numbers(partitions), require_partitions(partition_count),
-            _list(targets), _array_text(map(_SEQ, in_flight)), keys, window,
+            _list(targets), _in_flight_text(in_flight), keys, window,
             byte_budget(max_bytes), at_least_one,
         )  # fmt: skip
         return readable(found, partition_count, self._decode)
+
+    async def plan_read(self, partition_count: int = DEFAULT_PARTITIONS) -> None:
+        # No row at all: both windows are empty, so neither the table nor its index is
+        # walked (read_past returns at once), but the read is parsed and planned.
+        await self._fetch(
+            "read", 0, "{}", require_partitions(partition_count), None, "{}", "[]", 0,
+            byte_budget(None), False,
+        )  # fmt: skip
+
+    async def plan_settle(
+        self, partition_count: int = DEFAULT_PARTITIONS, *, delete: bool = True
+    ) -> None:
+        # No seq, and a worker that owns no partition: nothing is changed.
+        name = "delete_owned" if delete else "publish_owned"
+        await self._execute(name, Seqs(()), "", require_partitions(partition_count))
 
 
 #: A stored message's seq, read in C.
@@ -355,6 +370,13 @@ _SEQ = operator.attrgetter("seq")
 def _array_text(numbers: Iterable[int]) -> str:
     """Integers as PostgreSQL array text, `{1,2,3}`."""
     return "{" + ",".join(map(str, numbers)) + "}"
+
+
+def _in_flight_text(in_flight: Sequence[StoredMessage]) -> str:
+    """The seqs of the rows in flight as array text; a relay's own made batch by batch."""
+    if isinstance(in_flight, RowsInFlight):
+        return "{" + in_flight.seq_text + "}"
+    return _array_text(map(_SEQ, in_flight))
 
 
 def _numbers(values: Iterable[int] | None) -> str | None:

@@ -186,7 +186,7 @@ class Seqs(tuple[int, ...]):
     __slots__ = ()
 
     def __new__(cls, values: Iterable[int]) -> Self:
-        return super().__new__(cls, sorted(int(v) for v in values))
+        return super().__new__(cls, sorted(map(int, values)))
 
 
 class Session:
