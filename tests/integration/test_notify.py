@@ -498,3 +498,44 @@ def _listening_pids(table: str) -> list[int]:
         f'LISTEN "{notify_channel(table)}"',
     )
     return [pid for (pid,) in found]
+
+
+async def test_a_relay_opens_its_listener_beside_its_storage_connections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fresh relay does not wait for its listener's connection before it opens the
+    others (nor after: its first heartbeat waited for it): each storage connection here
+    opens only once the listener has begun to open, which would never happen were the
+    listener opened after them. And the listener wakes the relay once it runs."""
+    from relaybox import Relay
+    from relaybox.publishers.memory import MemoryPublisher
+    from relaybox.relay import engine
+    from tests.relay_support import fast_settings
+
+    listening = asyncio.Event()
+    real_listen, real_open = pg_listen.listen, engine.open_storage
+
+    async def begun_listening(*args: Any, **kwargs: Any) -> Listener:
+        listening.set()
+        return await real_listen(*args, **kwargs)
+
+    async def opened_after_the_listener_began(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.wait_for(listening.wait(), timeout=5)
+        return await real_open(*args, **kwargs)
+
+    monkeypatch.setattr(pg_listen, "listen", begun_listening)
+    monkeypatch.setattr(engine, "open_storage", opened_after_the_listener_began)
+    table = unique_table("beside")
+    await create(PG_URL, table)
+    relay = Relay(PG_URL, {"default": MemoryPublisher()}, table=table, settings=fast_settings())
+    try:
+        async with relay:
+            (processor,) = relay.processors
+            hints = Wakes()
+            monkeypatch.setattr(processor, "hint", hints)
+            async with await psycopg.AsyncConnection.connect(PG_URL) as conn:
+                await Outbox(table=table, notify=0).add_async(conn, Message(topic="t", key="k"))
+                await conn.commit()
+            await hints.reach(1, timeout=10)
+    finally:
+        drop(PG_URL, table)

@@ -197,13 +197,24 @@ class Relay:
         """Open a database's connections and add its processor, started if `run`; on
         failure, close what this attempt opened."""
         opened: list[Storage] = []
+        listening: list[Listener] = []
+        made: list[Processor[Any]] = []  # the processor, for the listener's wake-ups
         try:
-            processor = await self._processor(name, database, opened)
-            await self._listen(database, processor)
+            # The listener's connection opens beside the storage's three: a fresh
+            # relay waited for it before its first heartbeat. A NOTIFY that comes before
+            # the processor is made wakes nothing, and needs not: its first read follows.
+            processor, _ = await _side_by_side(
+                self._processor(name, database, opened),
+                self._listen(database, lambda: made[0].hint() if made else None, listening),
+            )
         except BaseException:
             for storage in opened:
                 await storage.close()
+            for listener in listening:
+                await listener.close()
             raise
+        made.append(processor)
+        self._listeners.extend(listening)
         self._opened.extend(opened)
         self.processors.append(processor)
         self.processors.sort(key=lambda p: int(p.name.removeprefix("db")))
@@ -282,16 +293,10 @@ class Relay:
             # Side by side: each is a few round trips (connect, sign in, the schema
             # check), and a fresh relay waits for all three before its first read. Every
             # attempt ends before an error is raised, so `opened` holds all that opened.
-            results = await asyncio.gather(
+            claims, settles, housekeeping = await _side_by_side(
                 self._open(database, opened, hot=True), self._open(database, opened, hot=True),
-                self._open(database, opened), return_exceptions=True,
+                self._open(database, opened),
             )  # fmt: skip
-            storages = []
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
-                storages.append(result)
-            claims, settles, housekeeping = storages
             return Connections(claims, settles, housekeeping, housekeeping)
         if not isinstance(database, port) or not isinstance(database, OperatorStorage):
             raise ConfigurationError(
@@ -313,16 +318,19 @@ class Relay:
 
         return opened
 
-    async def _listen(self, database: Database, processor: Processor[Any]) -> None:
-        """On PostgreSQL, wake on the writers' NOTIFY too (see `notify_channel`), and
-        poll fast for a while after it (`RelaySettings.fast_poll_window`)."""
+    async def _listen(
+        self, database: Database, hint: Callable[[], None], into: list[Listener]
+    ) -> None:
+        """On PostgreSQL, a listener (added to `into`) that calls `hint` on the writers'
+        NOTIFY (see `notify_channel`): the processor looks at once, then polls fast for
+        a while (`RelaySettings.fast_poll_window`)."""
         if not self.settings.listen or not isinstance(database, str):
             return
         if DatabaseUrl.parse(database).dialect != "postgresql":
             return
         from relaybox.storage.pg_listen import listen
 
-        self._listeners.append(await listen(database, self.table, processor.hint))
+        into.append(await listen(database, self.table, hint))
 
     async def _open(
         self, url: str, into: list[Storage], *, hot: bool = False
@@ -455,6 +463,16 @@ class Relay:
         """Each database's URL with its password masked (None: a storage given as an
         object), by the name of its processor."""
         return {f"db{index}": _masked(d) for index, d in enumerate(self._databases)}
+
+
+async def _side_by_side(*steps: Awaitable[Any]) -> list[Any]:
+    """Run `steps` at once and return what each returned. Every step ends before the
+    first failure is raised, so whatever the others opened is known to the caller."""
+    results = await asyncio.gather(*steps, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
 
 
 def _masked(database: Database) -> str | None:
