@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Sequence
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from relaybox.core.circuit import CircuitBreaker, CircuitPolicy, CircuitState
 from relaybox.core.publishing import PublishResult, permanent, timed_out, transient, unavailable
@@ -22,6 +26,35 @@ def test_chains_group_by_target_and_key_in_seq_order() -> None:
     batch = [stored(3, "a"), stored(1, "a"), stored(2, None), stored(4, "a", "other"),
              stored(5, None), stored(6, "b")]  # fmt: skip
     assert [[m.seq for m in chain] for chain in chains(batch)] == [[1, 3], [2], [4], [5], [6]]
+
+
+KEYS = [None, *(f"k{n}" for n in range(40))]
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(KEYS), st.sampled_from(["default", "other"])), max_size=30),
+    st.randoms(use_true_random=False),
+)
+def test_chains_are_each_target_and_keys_rows_in_seq_order(
+    rows: list[tuple[str | None, str]], rng: random.Random
+) -> None:
+    """Batches of distinct (target, key)s (a chain each, made at once) and batches that
+    share some, in any order: the chains are the same as grouping row by row."""
+    seqs = list(range(1, len(rows) + 1))
+    rng.shuffle(seqs)
+    batch = [stored(seq, key, target) for seq, (key, target) in zip(seqs, rows, strict=True)]
+    expected: list[list[StoredMessage]] = []
+    by_key: dict[tuple[str, str], list[StoredMessage]] = {}
+    for message in sorted(batch, key=lambda m: m.seq):
+        if message.key is None:
+            expected.append([message])
+        elif (message.target, message.key) in by_key:
+            by_key[(message.target, message.key)].append(message)
+        else:
+            expected.append(by_key.setdefault((message.target, message.key), [message]))
+    assert [[m.seq for m in chain] for chain in chains(batch)] == [
+        [m.seq for m in chain] for chain in expected
+    ]
 
 
 class Recorder(MemoryPublisher):

@@ -28,7 +28,7 @@ import logging
 import operator
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from relaybox.core.circuit import CircuitBreaker, CircuitState
 from relaybox.core.publishing import (
@@ -71,6 +71,11 @@ def chains(messages: Sequence[StoredMessage]) -> list[list[StoredMessage]]:
     seqs = [m.seq for m in messages]
     if not all(map(operator.lt, seqs, seqs[1:])):  # storages hand them out in order
         messages = sorted(messages, key=lambda m: m.seq)
+    if len(set(target_keys(messages))) == len(messages):
+        # Each its own (target, key), as in a batch of many keys: a chain each, made
+        # without a Python step per message (keyless ones of a target share the pair
+        # (target, None), and take the general way below).
+        return [[message] for message in messages]
     by_key: dict[tuple[str, str], list[StoredMessage]] = {}
     result: list[list[StoredMessage]] = []
     for message in messages:
@@ -83,6 +88,14 @@ def chains(messages: Sequence[StoredMessage]) -> list[list[StoredMessage]]:
             result.append(chain)
         chain.append(message)
     return result
+
+
+def target_keys(messages: Sequence[StoredMessage]) -> Iterator[tuple[str, str | None]]:
+    """Each message's (target, key), made in C."""
+    return zip(map(_TARGET, messages), map(_KEY, messages), strict=True)
+
+
+_TARGET, _KEY = operator.attrgetter("target"), operator.attrgetter("key")
 
 
 class Delivery:

@@ -27,16 +27,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
+import operator
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from relaybox.core.partitions import fair_share
 from relaybox.core.records import Claim, OutboxStats, RowsInFlight, StoredMessage, seq_text
 from relaybox.errors import RelayboxError
 from relaybox.ports import PartitionStorage, PlansAhead
-from relaybox.relay.delivery import Settlement
+from relaybox.relay.delivery import Settlement, target_keys
 from relaybox.relay.processor import Processor
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,8 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         #: for none (not yet held).
         self._scope: dict[str, list[int] | None] = {}
         self._flight = _InFlightRows()
+        #: The (target, key) of a keyless row of each target: in no batch's keys.
+        self._keyless = frozenset((target, None) for target in self._targets)
         #: The batches in flight when the last read was sent (see `_launched`).
         self._read_beside: list[_Batch] = []
         #: Batches that left rows of a key in the table, or may hold rows behind such
@@ -211,7 +215,8 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
     def _launched(self, claim: Claim) -> None:
         # What the read was given as in flight, not what is in flight now: a batch that
         # settled meanwhile may have handed back rows that this one's rows follow.
-        keys = frozenset((m.target, m.key) for m in claim.messages if m.key is not None)
+        keyed = frozenset(target_keys(claim.messages)) - self._keyless
+        keys = cast(frozenset[tuple[str, str]], keyed)
         ahead = [batch for batch in self._read_beside if not keys.isdisjoint(batch.keys)]
         batch = _Batch(claim.messages, keys, ahead, seq_text(claim.messages))
         # A batch read beside one that has since left rows in the table may hold rows
@@ -305,13 +310,10 @@ class PartitionLeaseProcessor(Processor[PartitionStorage]):
         first: list[StoredMessage] = []
         waiting: dict[tuple[int, ...], list[StoredMessage]] = {}
         if len(shared) == 1:  # the rule in a drain: one batch ahead, one membership test
-            held, behind = shared[0], []
-            for message in batch.messages:
-                if message.key is not None and (message.target, message.key) in held:
-                    behind.append(message)
-                else:
-                    first.append(message)
-            if behind:
+            # Made in C: a keyless row's (target, None) is in no batch's keys.
+            held = list(map(shared[0].__contains__, target_keys(batch.messages)))
+            first = list(itertools.compress(batch.messages, map(operator.not_, held)))
+            if behind := list(itertools.compress(batch.messages, held)):
                 waiting[(0,)] = behind
         else:
             holders_of: dict[tuple[str, str], tuple[int, ...]] = {}
