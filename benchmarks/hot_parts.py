@@ -38,6 +38,7 @@ import asyncio
 import dataclasses
 import datetime
 import json
+import operator
 import statistics
 import sys
 import time
@@ -164,7 +165,7 @@ def in_flight_pair(message: StoredMessage, number: int, repeat: int) -> dict[str
 
     def theirs() -> str:
         in_flight = [m for batch in (older, newer) for m in batch]
-        return postgres_storage._array_text(map(postgres_storage._SEQ, in_flight))
+        return postgres_storage._array_text(map(operator.attrgetter("seq"), in_flight))
 
     if ours() != theirs():
         raise AssertionError("the two ways sent different seqs")

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import json
 import math
-import operator
 import uuid
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
@@ -31,7 +30,7 @@ from relaybox.core.partitions import (
     rebalance,
     require_partitions,
 )
-from relaybox.core.records import Assignment, Claim, RowsInFlight, StoredMessage
+from relaybox.core.records import Assignment, Claim, RowsInFlight, StoredMessage, seq_text
 from relaybox.errors import (
     SchemaError,
     StorageError,
@@ -363,10 +362,6 @@ class PostgresStorage(SqlStorage):
         await self._execute(name, Seqs(()), "", require_partitions(partition_count))
 
 
-#: A stored message's seq, read in C.
-_SEQ = operator.attrgetter("seq")
-
-
 def _array_text(numbers: Iterable[int]) -> str:
     """Integers as PostgreSQL array text, `{1,2,3}`."""
     return "{" + ",".join(map(str, numbers)) + "}"
@@ -374,9 +369,8 @@ def _array_text(numbers: Iterable[int]) -> str:
 
 def _in_flight_text(in_flight: Sequence[StoredMessage]) -> str:
     """The seqs of the rows in flight as array text; a relay's own made batch by batch."""
-    if isinstance(in_flight, RowsInFlight):
-        return "{" + in_flight.seq_text + "}"
-    return _array_text(map(_SEQ, in_flight))
+    text = in_flight.seq_text if isinstance(in_flight, RowsInFlight) else seq_text(in_flight)
+    return "{" + text + "}"
 
 
 def _numbers(values: Iterable[int] | None) -> str | None:
