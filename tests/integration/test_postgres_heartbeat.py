@@ -1,7 +1,9 @@
-"""PostgreSQL: an idle relay's partition heartbeat is one statement.
+"""PostgreSQL: an idle relay's partition heartbeat is one statement, and so is a
+fresh relay's first.
 
 A relay renews its partitions every few seconds for as long as it runs, busy or not, so
-what a heartbeat sends the database is most of what an idle relay costs it. Every
+what a heartbeat sends the database is most of what an idle relay costs it; a fresh
+relay's first heartbeat stands between it and its first batch. Every
 statement counts, BEGIN and COMMIT included: the storage's connection is wrapped so
 that each call it makes of the driver is recorded.
 """
@@ -99,7 +101,7 @@ async def test_an_idle_relays_heartbeat_is_one_statement(tables: tuple[DatabaseU
         await storage.close()
 
 
-async def test_a_heartbeat_that_moves_partitions_takes_a_second_step(
+async def test_a_heartbeat_takes_its_share_itself_and_gives_back_in_a_second_step(
     tables: tuple[DatabaseUrl, str],
 ) -> None:
     url, table = tables
@@ -107,17 +109,18 @@ async def test_a_heartbeat_that_moves_partitions_takes_a_second_step(
     second = await _CountedStorage.connect(url, table=table)
     first.names(), second.names()  # the probes of connecting
     try:
-        await first.heartbeat("w1", partitions=PARTITIONS, lease_seconds=LEASE)
-        assert first.names() == ["heartbeat", "partitions_take"]
+        fresh = await first.heartbeat("w1", partitions=PARTITIONS, lease_seconds=LEASE)
+        assert fresh.partitions == set(range(PARTITIONS))  # its share, at once
+        assert first.names() == ["heartbeat"]
         joined = await second.heartbeat("w2", partitions=PARTITIONS, lease_seconds=LEASE)
         assert joined.partitions == set()  # all held: it takes nothing yet
-        assert second.names() == ["heartbeat", "partitions_take"]
+        assert second.names() == ["heartbeat"]
         kept = await first.heartbeat("w1", partitions=PARTITIONS, lease_seconds=LEASE)
         assert kept.partitions == set(range(PARTITIONS // 2))
         assert first.names() == ["heartbeat", "partitions_release"]
         taken = await second.heartbeat("w2", partitions=PARTITIONS, lease_seconds=LEASE)
         assert taken.partitions == set(range(PARTITIONS // 2, PARTITIONS))
-        assert second.names() == ["heartbeat", "partitions_take"]
+        assert second.names() == ["heartbeat"]
         for storage, name in ((first, "w1"), (second, "w2")):
             await storage.heartbeat(name, partitions=PARTITIONS, lease_seconds=LEASE)
             assert storage.names() == ["heartbeat"]
@@ -125,6 +128,11 @@ async def test_a_heartbeat_that_moves_partitions_takes_a_second_step(
         fewer = await first.heartbeat("w1", partitions=16, lease_seconds=LEASE)
         assert fewer.partitions == set(range(8))
         assert first.names() == ["heartbeat", "partitions_release"]
+        # A relay that holds partitions past the count takes its share below it (the
+        # function counts only those below) and gives the rest back.
+        grown = await second.heartbeat("w2", partitions=16, lease_seconds=LEASE)
+        assert grown.partitions == set(range(8, 16))
+        assert second.names() == ["heartbeat", "partitions_release"]
     finally:
         await first.close()
         await second.close()

@@ -257,32 +257,34 @@ class PostgresStorage(SqlStorage):
         busy: Collection[int] = (),
         target: str = DEFAULT_TARGET,
     ) -> Assignment:
-        """Renew and rebalance `target`'s partitions in one round trip when nothing
-        changes hands (an idle relay's every heartbeat), two when something does.
+        """Renew, take and give back `target`'s partitions in one round trip unless
+        some go back (then two).
 
         The first step, {table}_heartbeat, commits on its own: it expires dead members,
-        joins, creates missing partitions and renews those held, so it only extends what
-        the relay held already. Should the second step fail, the relay keeps what it
-        held without counting the heartbeat as a renewal, as after any failed heartbeat.
-        The second step gives back and takes partitions in one transaction, so a failed
-        heartbeat never gives back partitions the relay would still read. It may run
-        apart from the first: giving back is fenced by the owner, and taking takes only
-        free or expired partitions as they are when it runs (SKIP LOCKED passes over
-        those another heartbeat holds), so nothing the first step saw needs to hold
-        still in between; the count of live relays the share rests on may be a moment
-        old, as it may within one transaction, and the next heartbeat corrects a share
-        that is off. It locks no member row, so the order of member-row locks that keeps
-        heartbeats from deadlocking is the function's alone."""
+        joins, creates missing partitions, renews those held and takes free or expired
+        ones up to the relay's fair share, so it only extends what the relay holds. A
+        fresh relay holds its share after it. Should the second step fail, the relay
+        keeps what it held without counting the heartbeat as a renewal, as after any
+        failed heartbeat; partitions the first step took are then the relay's in the
+        table but not read until a heartbeat succeeds and renews them (or, should none,
+        until their lease runs out and another relay takes them). The second step gives
+        back partitions over the share: partitions the relay no longer reads, fenced by
+        the owner, so it may run apart from the first; the count of live relays the
+        share rests on may be a moment old, as it may within one transaction, and the
+        next heartbeat corrects a share that is off. It locks no member row, so the
+        order of member-row locks that keeps heartbeats from deadlocking is the
+        function's alone."""
         count, lease = require_partitions(partitions), float(lease_seconds)
         ((live, served, held),) = await self._fetch("heartbeat", worker, lease, target, count)
         plan = rebalance(_parsed_numbers(held), count, int(live), busy)
-        taken: list[int] = []
-        if plan.release or plan.wanted:
-            taken = await self._run(
-                lambda session: self._shift(session, worker, lease, count, plan, target),
-                atomic=bool(plan.release) and plan.wanted > 0,
+        # What the function could take it took (plan.wanted is left alone): a share
+        # still short waits for the next heartbeat, as after a take that found none free.
+        if plan.release:
+            release = Seqs(plan.release)
+            await self._run(
+                lambda session: session.execute("partitions_release", worker, release, target)
             )
-        return assignment(plan, taken, int(live), frozenset(str(t) for t in served))
+        return assignment(plan, (), int(live), frozenset(str(t) for t in served))
 
     async def claim(
         self,

@@ -746,13 +746,14 @@ WHERE to_regclass(t) IS NULL;
 
 -- Partition leases, per target. A heartbeat of one target is one call of
 -- {table}_heartbeat (schema.sql explains it), which expires dead members, joins,
--- creates the target's partitions if missing and renews those the worker holds; only
--- when the relay must give partitions back or take some do partitions_release and
--- partitions_take follow, in a transaction of their own.
+-- creates the target's partitions if missing, renews those the worker holds and takes
+-- free ones up to its share; only when the relay must give partitions back does
+-- partitions_release follow, in a transaction of its own.
 
 -- name: heartbeat
 -- $1 worker, $2 lease seconds, $3 target, $4 partitions. One row: how many live relays
--- serve the target, the targets some live relay serves, the partitions renewed.
+-- serve the target, the targets some live relay serves, the partitions held (renewed
+-- and taken).
 SELECT live, served, held::text
 FROM {table}_heartbeat($1::text, $2::float8, $3::text, $4::integer);
 
@@ -760,21 +761,6 @@ FROM {table}_heartbeat($1::text, $2::float8, $3::text, $4::integer);
 -- $1 worker, $2 the partitions it gives back (array text), $3 target.
 UPDATE {table}_partitions SET owner = NULL, lease_until = NULL
 WHERE owner = $1::text AND target = $3::text AND partition = ANY($2::text::integer[]);
-
--- name: partitions_take
--- $1 worker, $2 lease seconds, $3 partitions, $4 how many, $5 target. Free or expired
--- ones, lowest first; SKIP LOCKED passes over rows another heartbeat is renewing or
--- taking.
-UPDATE {table}_partitions p
-SET owner = $1::text, lease_until = now() + $2::float8 * interval '1 second'
-FROM (SELECT partition FROM {table}_partitions
-      WHERE target = $5::text AND partition < $3::integer
-        AND (owner IS NULL OR lease_until < now())
-      ORDER BY partition
-      LIMIT $4::integer
-      FOR UPDATE SKIP LOCKED) AS free
-WHERE p.target = $5::text AND p.partition = free.partition
-RETURNING p.partition;
 
 -- name: partitions_leave
 -- $1 worker: every target's partitions.

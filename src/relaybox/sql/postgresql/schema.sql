@@ -448,13 +448,17 @@ $$;
 -- worker joins, so two heartbeats lock member rows in one order and cannot deadlock on
 -- them. The target's partitions are created once: the insert finds nothing to add once
 -- the rows exist, and one that another heartbeat adds at the same time is skipped. Then
--- every partition of p_target that p_worker holds is renewed for p_lease seconds.
+-- every partition of p_target that p_worker holds is renewed for p_lease seconds, and
+-- if fewer of them than its fair share are below p_count (p_count: how many partitions
+-- the relay counts; the share is p_count over the live relays, rounded up, as
+-- core.partitions.fair_share counts it), free or expired ones are taken up to the
+-- share, lowest first; SKIP LOCKED passes over rows another heartbeat is renewing or
+-- taking. A fresh relay thus holds its share after this one round trip.
 -- It returns how many live relays serve p_target, the targets some live relay serves,
--- and the partitions renewed (p_count: how many partitions the relay counts). From
--- these the relay works out which partitions to give back and how many to take
--- (rebalance, in Python): in a steady state none, and the heartbeat is this one round
--- trip; otherwise queries.sql's partitions_release and partitions_take follow in a
--- transaction of their own (the storage's `heartbeat` says why that is safe).
+-- and the partitions held: renewed and taken. From these the relay works out which
+-- partitions to give back (rebalance, in Python): in a steady state none, and the
+-- heartbeat is this one round trip; otherwise queries.sql's partitions_release follows
+-- in a transaction of its own (the storage's `heartbeat` says why that is safe).
 CREATE OR REPLACE FUNCTION {table}_heartbeat(
     p_worker text, p_lease float8, p_target text, p_count integer)
 RETURNS TABLE (live integer, served text[], held integer[])
@@ -464,6 +468,7 @@ DECLARE
     v_live integer;
     v_served text[];
     v_held integer[];
+    v_wanted integer;
 BEGIN
     DELETE FROM {table}_members m WHERE m.lease_until < now();
     INSERT INTO {table}_members (worker, target, lease_until)
@@ -485,6 +490,23 @@ BEGIN
         RETURNING x.partition)
     SELECT coalesce(array_agg(r.partition ORDER BY r.partition), '{}') INTO v_held
     FROM renewed r;
+    v_wanted := (p_count + greatest(v_live, 1) - 1) / greatest(v_live, 1)
+        - cardinality(array(SELECT h FROM unnest(v_held) AS h WHERE h < p_count));
+    IF v_wanted > 0 THEN
+        WITH taken AS (
+            UPDATE {table}_partitions p
+            SET owner = p_worker, lease_until = now() + p_lease * interval '1 second'
+            FROM (SELECT f.partition FROM {table}_partitions f
+                  WHERE f.target = p_target AND f.partition < p_count
+                    AND (f.owner IS NULL OR f.lease_until < now())
+                  ORDER BY f.partition
+                  LIMIT v_wanted
+                  FOR UPDATE SKIP LOCKED) AS free
+            WHERE p.target = p_target AND p.partition = free.partition
+            RETURNING p.partition)
+        SELECT v_held || coalesce(array_agg(t.partition ORDER BY t.partition), '{}')
+        INTO v_held FROM taken t;
+    END IF;
     RETURN QUERY SELECT v_live, v_served, v_held;
 END
 $$;
