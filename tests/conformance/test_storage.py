@@ -64,6 +64,42 @@ def test_every_backend_serves_every_port(backend: Backend) -> None:
     assert all(isinstance(backend.storage, port) for port in ports)
 
 
+#: Times a message may carry, each to the microsecond: far back and far ahead (up to
+#: the last microsecond but one of Python's calendar, the last that Message takes),
+#: either side of the Unix epoch, and one given in another zone than UTC.
+OCCURRED = [
+    datetime.datetime(1000, 1, 1, 0, 0, 0, 1, tzinfo=datetime.UTC),
+    datetime.datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=datetime.UTC),
+    datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC),
+    datetime.datetime(2026, 11, 28, 14, 4, 48, 200788, tzinfo=datetime.UTC),
+    datetime.datetime(
+        2026,
+        3,
+        29,
+        1,
+        30,
+        0,
+        500,
+        tzinfo=datetime.timezone(datetime.timedelta(hours=5, minutes=30)),
+    ),
+    datetime.datetime(2107, 1, 1, 0, 0, 0, 999999, tzinfo=datetime.UTC),
+    datetime.datetime(9999, 12, 31, 23, 59, 59, 999998, tzinfo=datetime.UTC),
+]
+
+
+async def test_occurred_at_comes_back_exact_and_in_utc_from_a_read_and_a_claim(
+    backend: Backend,
+) -> None:
+    messages = [msg(f"k{n}", occurred_at=at) for n, at in enumerate(OCCURRED)]
+    await write(backend, *messages)
+    read = await backend.storage.read(limit=len(OCCURRED))
+    assert [m.occurred_at for m in read] == OCCURRED
+    assert {m.occurred_at.utcoffset() for m in read} == {datetime.timedelta(0)}
+    claim = await backend.storage.claim("w1", limit=len(OCCURRED), lease_seconds=LEASE)
+    assert [m.occurred_at for m in claim.messages] == OCCURRED
+    assert {m.occurred_at.utcoffset() for m in claim.messages} == {datetime.timedelta(0)}
+
+
 async def test_write_then_claim_round_trips_every_field(backend: Backend) -> None:
     occurred = datetime.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.UTC)
     original = Message(

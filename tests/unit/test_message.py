@@ -98,6 +98,16 @@ def test_targets() -> None:
 def test_other_fields() -> None:
     with pytest.raises(MessageError, match="timezone-aware"):
         Message(topic="t", occurred_at=datetime.datetime(2026, 1, 1))
+    # The calendar's two ends would be stored as PostgreSQL's infinities by asyncpg and
+    # read back without a zone; a moment beside an end in another zone is none in UTC.
+    utc, east = datetime.UTC, datetime.timezone(datetime.timedelta(hours=5, minutes=30))
+    for end in (datetime.datetime.max, datetime.datetime.min):
+        with pytest.raises(MessageError, match="strictly between"):
+            Message(topic="t", occurred_at=end.replace(tzinfo=utc))
+    with pytest.raises(MessageError, match="outside Python's calendar"):
+        Message(topic="t", occurred_at=datetime.datetime.min.replace(tzinfo=east))
+    last = datetime.datetime.max.replace(microsecond=999998, tzinfo=utc)
+    assert Message(topic="t", occurred_at=last).occurred_at == last
     with pytest.raises(MessageError, match="negative"):
         Message(topic="t", delay=-1)
     assert Message(topic="t", delay=datetime.timedelta(seconds=90)).delay_seconds == 90

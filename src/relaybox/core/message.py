@@ -231,4 +231,22 @@ def _aware(moment: datetime.datetime) -> datetime.datetime:
         raise MessageError("occurred_at must be a datetime")
     if moment.tzinfo is None:
         raise MessageError("occurred_at must be timezone-aware (use datetime.UTC)")
-    return moment.astimezone(datetime.UTC)
+    try:
+        moment = moment.astimezone(datetime.UTC)
+    except OverflowError:  # within a day of the calendar's ends, in another zone
+        raise MessageError("occurred_at lies outside Python's calendar in UTC") from None
+    if moment in _CALENDAR_ENDS:
+        # asyncpg writes these two as PostgreSQL's infinities and reads them back without
+        # a time zone: the time would not come back as it was given.
+        raise MessageError(
+            "occurred_at must lie strictly between the first and the last microsecond "
+            "of Python's calendar"
+        )
+    return moment
+
+
+#: The first and last moments a datetime holds, in UTC (see `_aware`).
+_CALENDAR_ENDS = frozenset(
+    (datetime.datetime.min.replace(tzinfo=datetime.UTC),
+     datetime.datetime.max.replace(tzinfo=datetime.UTC))
+)  # fmt: skip
